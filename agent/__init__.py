@@ -1,0 +1,1 @@
+"""The devbox agent: the daemon inside each box (SSH server, sessions, telemetry)."""

@@ -1,0 +1,186 @@
+"""`devbox agent`: start the box's SSH server.
+
+Start-up order is chosen for claim latency: everything the launcher needs to
+record the box (the bound port, the host key, the GPUs) is settled and reported
+on the ready pipe first; only then is asyncssh imported (the slow part) and the
+already-listening socket served. A client that connects meanwhile waits in the
+listen backlog instead of being refused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import errno
+import fcntl
+import logging
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+
+from agent import gpus, hostkey, sessions
+from devbox import protocol
+from devbox.boxes import Multiplexer
+
+
+class StartError(Exception):
+    """Why the agent cannot start; `kind` tells the launcher whose fault it is."""
+
+    def __init__(self, message: str, kind: str = "failure") -> None:
+        super().__init__(message)
+        self.kind = kind  # "usage" (bad input), "resource" (not available now), "failure"
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="devbox agent", description="Run a box's agent (SSH server).")
+    p.add_argument("--name", required=True, help="box name")
+    p.add_argument("--home", required=True, type=Path, help="the box's home folder")
+    p.add_argument(
+        "--authorized-key",
+        required=True,
+        type=Path,
+        help="file with the owner's SSH public key (the only key accepted)",
+    )
+    p.add_argument("--host-key", required=True, type=Path, help="host key file (made if absent)")
+    p.add_argument("--listen", default="127.0.0.1", help="address to listen on")
+    p.add_argument("--port", type=int, default=0, help="port (0: any free one)")
+    p.add_argument("--gpus", type=int, default=0, help="GPUs to claim exclusively")
+    p.add_argument("--gpu-lock-dir", type=Path, default=Path("/tmp/devbox-gpu-locks"))
+    p.add_argument("--lock-file", type=Path, help="held while the agent lives (liveness)")
+    p.add_argument("--activity-file", type=Path, help="where user activity is published")
+    p.add_argument("--multiplexer", default="auto", choices=("auto", "screen", "tmux", "none"))
+    p.add_argument("--ready-fd", type=int, help="pipe to report readiness on (one frame)")
+    p.add_argument("--log-level", default="INFO")
+    return p
+
+
+def _hold_lock(path: Path) -> int:
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise StartError(f"another agent is already running for this box ({path})") from None
+    os.ftruncate(fd, 0)
+    os.write(fd, str(os.getpid()).encode())
+    return fd
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise StartError(f"port {host}:{port} is already in use", "usage") from None
+        raise StartError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    sock.listen(128)
+    return sock
+
+
+def _report(fd: int | None, frame: bytes) -> None:
+    if fd is None:
+        sys.stdout.buffer.write(frame)
+        sys.stdout.flush()
+        return
+    with contextlib.suppress(OSError), os.fdopen(fd, "wb") as pipe:
+        pipe.write(frame)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        args.home.mkdir(parents=True, exist_ok=True)
+        os.chdir(args.home)
+        if args.lock_file:
+            _hold_lock(args.lock_file)
+        owner_line = args.authorized_key.read_text().strip()
+        if not owner_line.startswith(("ssh-", "ecdsa-", "sk-")):
+            raise StartError(f"{args.authorized_key} does not hold an SSH public key")
+        try:
+            claim = gpus.claim(args.gpus, lock_dir=args.gpu_lock_dir, owner=args.name)
+        except gpus.GpuUnavailable as exc:
+            raise StartError(str(exc), "resource") from None
+        sock = _bind(args.listen, args.port)
+        host_line = hostkey.load_or_create(args.host_key)
+        mux = sessions.choose(args.multiplexer)
+    except (StartError, OSError) as exc:
+        if isinstance(exc, StartError):
+            message, kind = str(exc), exc.kind
+        else:
+            message, kind = f"{exc.strerror}: {exc.filename}", "failure"
+        _report(args.ready_fd, protocol.encode(protocol.ERROR, message=message, kind=kind))
+        logging.error("cannot start: %s", message)
+        return 1
+
+    _report(
+        args.ready_fd,
+        protocol.encode(
+            protocol.READY,
+            port=sock.getsockname()[1],
+            host_key=host_line,
+            host_key_fingerprint=hostkey.fingerprint(host_line),
+            gpu_ids=[g.uuid for g in claim.gpus],
+            pid=os.getpid(),
+            multiplexer=mux.kind,
+        ),
+    )
+    # The GPU claim and the lock file stay held (open) until this process ends.
+    return asyncio.run(
+        _serve(
+            args,
+            sock=sock,
+            owner_line=owner_line,
+            mux=mux,
+            gpu_env=claim.visible_devices if args.gpus else "",
+        )
+    )
+
+
+async def _serve(
+    args: argparse.Namespace,
+    *,
+    sock: socket.socket,
+    owner_line: str,
+    mux: Multiplexer,
+    gpu_env: str,
+) -> int:
+    import asyncssh
+
+    from agent.server import Agent, BoxIdentity, serve
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    agent = Agent(
+        BoxIdentity(
+            name=args.name,
+            home=args.home,
+            owner_key=asyncssh.import_public_key(owner_line),
+            multiplexer=mux,
+            # A box without GPUs sees none, rather than every GPU of the machine.
+            gpu_env=gpu_env,
+            activity_file=args.activity_file,
+            warn_without_multiplexer=args.multiplexer != "none",
+        )
+    )
+    # The box is ending: so do its persistent sessions and what runs in them. First,
+    # while clients are still attached, so they see "[screen is terminating]".
+    await serve(
+        agent,
+        sock=sock,
+        host_key=args.host_key,
+        stop=stop,
+        before_disconnect=lambda: asyncio.to_thread(mux.end, args.name),
+    )
+    return 0

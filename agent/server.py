@@ -1,0 +1,267 @@
+"""The agent's SSH server: owner-only public-key auth, shells joined to the box's
+persistent session, exec, SFTP, and port forwarding."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import pwd
+import socket
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import asyncssh
+
+from agent import shell
+from devbox.boxes import Multiplexer
+
+log = logging.getLogger("devbox.agent")
+
+_LOOPBACK = {"", "localhost", "127.0.0.1", "::1", "ip6-localhost"}
+# Variables the agent inherited that would confuse a session started from it.
+_DROP_ENV = (
+    "STY",
+    "WINDOW",
+    "TMUX",
+    "TMUX_PANE",
+    "SSH_AUTH_SOCK",
+    "SSH_CONNECTION",
+    "SSH_CLIENT",
+    "SSH_TTY",
+    "DEVBOX_AGENT_READY_FD",
+)
+# Client-sent variables accepted, as OpenSSH's default AcceptEnv LANG LC_*.
+_ACCEPT_ENV_PREFIXES = ("LANG", "LC_")
+# The activity file is rewritten at most this often; input can arrive per keystroke.
+ACTIVITY_WRITE_INTERVAL = 1.0
+
+
+@dataclass(kw_only=True)
+class BoxIdentity:
+    name: str
+    home: Path
+    owner_key: asyncssh.SSHKey
+    multiplexer: Multiplexer
+    gpu_env: str | None  # CUDA_VISIBLE_DEVICES for sessions; None leaves it unset
+    # False when the user chose "none": a plain shell is then what they asked for.
+    warn_without_multiplexer: bool = True
+    activity_file: Path | None = None
+
+
+@dataclass
+class Activity:
+    """What the box's users do: the autoscaler and `devbox ls` read it from the activity file."""
+
+    path: Path | None
+    last_input: float = field(default_factory=time.time)
+    clients: int = 0
+    _written: float = 0.0
+
+    def input(self) -> None:
+        self.last_input = time.time()
+        self._maybe_write()
+
+    def client(self, delta: int) -> None:
+        self.clients += delta
+        self._maybe_write(force=True)
+
+    def _maybe_write(self, *, force: bool = False) -> None:
+        now = time.monotonic()
+        if self.path is None or (not force and now - self._written < ACTIVITY_WRITE_INTERVAL):
+            return
+        self._written = now
+        tmp = self.path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"last_input": self.last_input, "clients": self.clients}))
+        os.replace(tmp, self.path)
+
+
+class Agent:
+    def __init__(self, box: BoxIdentity) -> None:
+        self.box = box
+        self.activity = Activity(box.activity_file)
+        self.connections: set[asyncssh.SSHServerConnection] = set()
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self._user = pwd.getpwuid(os.getuid())
+
+    # --- sessions -------------------------------------------------------------------
+
+    def session_env(self, process: shell.Process) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if k not in _DROP_ENV}
+        env.update(
+            USER=self._user.pw_name,
+            LOGNAME=self._user.pw_name,
+            SHELL=self.login_shell,
+            DEVBOX_BOX=self.box.name,
+        )
+        env.setdefault("HOME", self._user.pw_dir)
+        env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
+        if self.box.gpu_env is not None:
+            env["CUDA_VISIBLE_DEVICES"] = self.box.gpu_env
+        for key, value in process.env.items():
+            if (
+                isinstance(key, str)
+                and isinstance(value, str)
+                and key.startswith(_ACCEPT_ENV_PREFIXES)
+            ):
+                env[key] = value
+        peer = process.get_extra_info("peername")
+        sock = process.get_extra_info("sockname")
+        if peer and sock:
+            env["SSH_CONNECTION"] = f"{peer[0]} {peer[1]} {sock[0]} {sock[1]}"
+        term = process.get_terminal_type()
+        if term:
+            env["TERM"] = term
+        return env
+
+    @property
+    def login_shell(self) -> str:
+        return self._user.pw_shell or "/bin/sh"
+
+    async def handle(self, process: shell.Process) -> None:
+        """One SSH channel: a shell (joined to the persistent session) or a command."""
+        task = asyncio.current_task()
+        if task:
+            self.tasks.add(task)
+        self.activity.client(+1)
+        try:
+            await self._run(process)
+        except Exception as exc:  # one broken channel must never take the agent down
+            log.exception("session failed")
+            process.stderr.write(f"devbox agent: {exc}\r\n".encode())
+            process.exit(255)
+        finally:
+            self.activity.client(-1)
+            if task:
+                self.tasks.discard(task)
+
+    async def _run(self, process: shell.Process) -> None:
+        env = self.session_env(process)
+        pty = process.get_terminal_type() is not None
+        command = process.command
+        if command is not None:
+            argv = [self.login_shell, "-c", command]
+        elif pty:
+            argv = self.box.multiplexer.attach_argv(self.box.name) or [self.login_shell, "-l"]
+            if self.box.multiplexer.kind == "none" and self.box.warn_without_multiplexer:
+                process.stderr.write(
+                    b"devbox: warning: neither screen nor tmux is installed in this box; "
+                    b"this shell ends when you disconnect\r\n"
+                )
+        else:
+            argv = [self.login_shell, "-l"]
+        launch = shell.Launch(
+            argv=argv, env=env, cwd=str(self.box.home), on_input=self.activity.input
+        )
+        if pty:
+            await shell.run_on_pty(process, launch)
+        else:
+            await shell.run_on_pipes(process, launch)
+
+
+class _SFTPServer(asyncssh.SFTPServer):
+    """asyncssh's SFTP server, plus an exit status when the session ends: without one,
+    OpenSSH's scp (which speaks SFTP) reports failure after a complete copy."""
+
+    def exit(self) -> None:
+        super().exit()
+        chan = self.channel
+        with contextlib.suppress(OSError, asyncssh.Error):
+            chan.exit(0)  # a no-op when the channel is already closing
+
+
+class _Server(asyncssh.SSHServer):
+    """Per-connection policy. Only public keys, only the owner's."""
+
+    def __init__(self, agent: Agent) -> None:
+        self._agent = agent
+        self._conn: asyncssh.SSHServerConnection | None = None
+
+    def connection_made(self, conn: asyncssh.SSHServerConnection) -> None:
+        self._conn = conn
+        self._agent.connections.add(conn)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._conn is not None:
+            self._agent.connections.discard(self._conn)
+
+    def begin_auth(self, username: str) -> bool:
+        return True
+
+    def password_auth_supported(self) -> bool:
+        return False
+
+    def kbdint_auth_supported(self) -> bool:
+        return False
+
+    def public_key_auth_supported(self) -> bool:
+        return True
+
+    def validate_public_key(self, username: str, key: asyncssh.SSHKey) -> bool:
+        accepted = key.public_data == self._agent.box.owner_key.public_data
+        if not accepted:
+            log.warning("refused key %s for %s: not the owner's", key.get_fingerprint(), username)
+        return accepted
+
+    def connection_requested(
+        self, dest_host: str, dest_port: int, orig_host: str, orig_port: int
+    ) -> bool:
+        return True  # ssh -L, and VS Code's tunnels to its server
+
+    def unix_connection_requested(self, dest_path: str) -> bool:
+        return True
+
+    def server_requested(
+        self, listen_host: str, listen_port: int
+    ) -> bool | Awaitable[asyncssh.SSHListener]:
+        # Like sshd's GatewayPorts=no: remote forwards listen on loopback only.
+        if listen_host not in _LOOPBACK or self._conn is None:
+            return False
+        bind = "::1" if listen_host == "::1" else "127.0.0.1"
+        return self._conn.forward_local_port(bind, listen_port, listen_host, listen_port)
+
+
+async def serve(
+    agent: Agent,
+    *,
+    sock: socket.socket,
+    host_key: Path,
+    stop: asyncio.Event,
+    before_disconnect: Callable[[], Awaitable[None]] | None = None,
+) -> None:
+    server = await asyncssh.listen(
+        sock=sock,
+        server_factory=lambda: _Server(agent),
+        server_host_keys=[str(host_key)],
+        process_factory=agent.handle,
+        sftp_factory=_SFTPServer,
+        allow_scp=True,
+        encoding=None,
+        line_editor=False,
+        agent_forwarding=False,
+        x11_forwarding=False,
+        # Large windows: bulk copies are bound by round trips otherwise.
+        window=8 * 1024 * 1024,
+        login_timeout=30,
+        keepalive_interval=30,
+    )
+    log.info("serving %s on %s", agent.box.name, sock.getsockname())
+    await stop.wait()
+    log.info("shutting down")
+    server.close()
+    if before_disconnect is not None:
+        try:
+            await before_disconnect()
+        except Exception:
+            log.exception("ending the sessions failed")
+    for conn in list(agent.connections):
+        conn.disconnect(asyncssh.DISC_BY_APPLICATION, "box is shutting down")
+    for task in list(agent.tasks):
+        task.cancel()
+    await asyncio.gather(*agent.tasks, return_exceptions=True)
+    await server.wait_closed()

@@ -1,0 +1,37 @@
+"""The Backend protocol: what every place boxes can live must offer."""
+
+from __future__ import annotations
+
+import builtins
+import socket
+from typing import Protocol
+
+from devbox.boxes import Box, BoxSpec
+
+
+class Backend(Protocol):
+    name: str
+
+    def claim(self, spec: BoxSpec, *, name: str | None = None, port: int = 0) -> Box:
+        """Start (or take) a box and return it running. `name` None: generate one."""
+        ...
+
+    def release(self, name: str, *, purge: bool = False) -> None:
+        """Stop the box and free its GPUs; its home stays unless `purge`."""
+        ...
+
+    def list(self) -> builtins.list[Box]:
+        """Every box of this user, with its current state."""
+        ...
+
+    def get(self, name: str) -> Box:
+        """The box called `name`; UsageError when there is none."""
+        ...
+
+    def open_socket(self, box: Box) -> socket.socket:
+        """A connected byte stream to the box's SSH endpoint."""
+        ...
+
+    def problems(self) -> builtins.list[str]:
+        """State this backend could not read (one line each); listed boxes are unaffected."""
+        ...

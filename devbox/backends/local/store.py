@@ -1,0 +1,104 @@
+"""On-disk state of local boxes: one folder per box under the XDG state folder.
+
+boxes/NAME/box.json      the record (written atomically: never half a file)
+boxes/NAME/agent.lock    held by the agent for its whole life: free lock = dead agent
+boxes/NAME/activity.json the agent's view of user activity
+boxes/NAME/home/         the box's home folder; kept when the box goes down
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from devbox.boxes import Box
+from devbox.errors import StateError
+
+RECORD = "box.json"
+
+
+class BoxStore:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.boxes = root / "boxes"
+
+    def box_dir(self, name: str) -> Path:
+        return self.boxes / name
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Serialises check-then-create of names among concurrent `devbox up`s."""
+        self.boxes.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.root / "claim.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    def exists(self, name: str) -> bool:
+        return (self.box_dir(name) / RECORD).exists()
+
+    def read(self, name: str) -> Box:
+        path = self.box_dir(name) / RECORD
+        try:
+            data = json.loads(path.read_text())
+            return Box.from_json(data)
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            raise StateError(f"cannot read state file {path}: {exc.strerror}") from None
+        except (ValueError, KeyError, TypeError) as exc:
+            raise StateError(
+                f"state file {path} is corrupted ({type(exc).__name__}); "
+                "`devbox down` it or fix the file"
+            ) from None
+
+    def write(self, box: Box) -> None:
+        folder = self.box_dir(box.name)
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = folder / (RECORD + ".tmp")
+        tmp.write_text(json.dumps(box.to_json(), indent=1))
+        os.replace(tmp, folder / RECORD)
+
+    def remove(self, name: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            (self.box_dir(name) / RECORD).unlink()
+
+    def names(self) -> list[str]:
+        try:
+            return sorted(p.name for p in self.boxes.iterdir() if (p / RECORD).exists())
+        except FileNotFoundError:
+            return []
+
+    def agent_alive(self, name: str) -> bool:
+        """True while an agent holds the box's lock; the kernel frees it when the agent dies."""
+        try:
+            fd = os.open(self.box_dir(name) / "agent.lock", os.O_RDONLY)
+        except FileNotFoundError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)
+        return False
+
+    def agent_pid(self, name: str) -> int | None:
+        try:
+            return int((self.box_dir(name) / "agent.lock").read_text().strip())
+        except (OSError, ValueError):
+            return None
+
+    def activity(self, name: str) -> tuple[float, int]:
+        """(last input time, attached clients); (0, 0) when the agent has not reported yet."""
+        try:
+            data = json.loads((self.box_dir(name) / "activity.json").read_text())
+            return float(data["last_input"]), int(data["clients"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return 0.0, 0

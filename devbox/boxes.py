@@ -1,0 +1,156 @@
+"""Box records: the frozen values every layer passes around (no raw pod leaves a backend)."""
+
+from __future__ import annotations
+
+import enum
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+class BoxState(enum.StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    IDLE = "idle"
+    RELEASING = "releasing"
+    FAILED = "failed"
+    GONE = "gone"
+
+
+@dataclass(frozen=True, kw_only=True)
+class BoxSpec:
+    gpus: int = 0
+    profile: str = "default"
+    image: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Box:
+    name: str
+    owner: str
+    backend: str
+    spec: BoxSpec
+    state: BoxState
+    # Where the agent's SSH server listens, as the backend reaches it.
+    host: str = ""
+    port: int = 0
+    # The agent's public host key line ("ssh-ed25519 AAAA...") and its SHA256 fingerprint.
+    host_key: str = ""
+    host_key_fingerprint: str = ""
+    gpu_ids: tuple[str, ...] = ()
+    created_at: float = 0.0
+    # Wall-clock time of the last user input the agent saw; 0 when unknown.
+    last_activity: float = 0.0
+    # Why the box is in its state, when that is not obvious (a failure, a warning).
+    reason: str = ""
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def idle_seconds(self, now: float) -> float | None:
+        if self.last_activity <= 0:
+            return None
+        return max(0.0, now - self.last_activity)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["state"] = self.state.value
+        data["gpu_ids"] = list(self.gpu_ids)
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Box:
+        """Inverse of to_json; raises KeyError/TypeError/ValueError on a malformed record."""
+        spec = BoxSpec(**data["spec"])
+        return cls(
+            name=str(data["name"]),
+            owner=str(data["owner"]),
+            backend=str(data["backend"]),
+            spec=spec,
+            state=BoxState(data["state"]),
+            host=str(data.get("host", "")),
+            port=int(data.get("port", 0)),
+            host_key=str(data.get("host_key", "")),
+            host_key_fingerprint=str(data.get("host_key_fingerprint", "")),
+            gpu_ids=tuple(str(g) for g in data.get("gpu_ids", ())),
+            created_at=float(data.get("created_at", 0.0)),
+            last_activity=float(data.get("last_activity", 0.0)),
+            reason=str(data.get("reason", "")),
+            extra={str(k): str(v) for k, v in dict(data.get("extra", {})).items()},
+        )
+
+
+def session_name(box_name: str) -> str:
+    """The screen/tmux session of a box; shared by the agent and the backends' cleanup."""
+    return f"devbox-{box_name}"
+
+
+@dataclass(frozen=True)
+class Multiplexer:
+    """The terminal multiplexer that keeps a box's shell alive, and how to drive it.
+
+    Lives here, not in the agent, because a backend must also end the session of
+    a box whose agent died.
+    """
+
+    kind: str  # "screen", "tmux" or "none"
+    path: str = ""
+
+    def attach_argv(self, box: str) -> list[str] | None:
+        """The command that creates or joins the box's session; None means a plain shell."""
+        name = session_name(box)
+        if self.kind == "screen":
+            # -x joins even when another client is attached (two laptops, one session);
+            # -RR creates the session the first time.
+            return [self.path, "-xRR", "-S", name]
+        if self.kind == "tmux":
+            # A server socket per box, so ending the box ends exactly its sessions.
+            return [self.path, "-L", name, "new-session", "-A", "-s", "main"]
+        return None
+
+    def quit_argv(self, box: str) -> list[str] | None:
+        name = session_name(box)
+        if self.kind == "screen":
+            return [self.path, "-S", name, "-X", "quit"]
+        if self.kind == "tmux":
+            return [self.path, "-L", name, "kill-server"]
+        return None
+
+    def running(self, box: str) -> bool:
+        name = session_name(box)
+        if self.kind == "screen":
+            out = _quiet([self.path, "-ls", name]).stdout
+            return f".{name}\t" in out
+        if self.kind == "tmux":
+            return _quiet([self.path, "-L", name, "has-session"]).returncode == 0
+        return False
+
+    def end(self, box: str, *, timeout: float = 5.0) -> None:
+        """End the box's session and all that runs in it, and wait until it is gone.
+
+        screen may drop a `-X quit` that races with a client detaching, so the
+        command is repeated until the session has really ended.
+        """
+        argv = self.quit_argv(box)
+        if argv is None:
+            return
+        deadline = time.monotonic() + timeout
+        while True:
+            _quiet(argv)
+            if not self.running(box) or time.monotonic() > deadline:
+                return
+            time.sleep(0.1)
+
+    def message_argv(self, box: str, text: str) -> list[str] | None:
+        """Shows `text` in every attached client (the autoscaler's warnings)."""
+        name = session_name(box)
+        if self.kind == "screen":
+            return [self.path, "-S", name, "-X", "wall", text]
+        if self.kind == "tmux":
+            return [self.path, "-L", name, "display-message", text]
+        return None
+
+
+def _quiet(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=10, check=False
+    )

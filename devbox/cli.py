@@ -1,0 +1,127 @@
+"""`devbox` command line: argument parsing only. Work happens in devbox.commands.
+
+Everything heavy is imported inside the command that needs it, so `devbox --help`
+and `devbox proxy` (run on every ssh connection) start fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import NoReturn
+
+from devbox import __version__
+from devbox.errors import EXIT_USAGE, DevboxError
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        # One line, as every devbox error; `--help` has the usage.
+        self.exit(EXIT_USAGE, f"devbox: error: {message} (see `{self.prog} --help`)\n")
+
+
+def _gpu_count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"GPU count must be a whole number, not {text!r}"
+        ) from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"GPU count must not be negative (got {value})")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"port must be a number, not {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"port must be between 0 and 65535 (got {value})")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="devbox", description="A personal GPU box in one command.")
+    parser.add_argument("--version", action="version", version=f"devbox {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    backend = _Parser(add_help=False)
+    backend.add_argument(
+        "--backend",
+        choices=("local", "kubernetes"),
+        help="where boxes live (default: $DEVBOX_BACKEND, the config, local)",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+
+    up = sub.add_parser("up", parents=[backend], help="claim a box and attach its session")
+    up.add_argument("name", nargs="?", help="box name (default: a generated one)")
+    up.add_argument("--gpus", type=_gpu_count, default=0, help="GPUs for the box (default 0)")
+    up.add_argument("--port", type=_port, default=0, help="local backend: the agent's port")
+    up.add_argument("--no-attach", action="store_true", help="do not attach the session")
+    up.add_argument("--json", action="store_true", help="print the box record as JSON")
+
+    ls = sub.add_parser("ls", parents=[backend], help="list your boxes")
+    ls.add_argument("--json", action="store_true", help="one JSON array of box records")
+
+    down = sub.add_parser("down", parents=[backend], help="release a box (its home is kept)")
+    down.add_argument("name")
+    down.add_argument("--purge", action="store_true", help="also delete the box's home folder")
+
+    ssh = sub.add_parser(
+        "ssh",
+        parents=[backend],
+        help="open the box's session, or run CMD",
+        usage="devbox ssh NAME [-- CMD ...]",
+    )
+    ssh.add_argument("name")
+    ssh.add_argument("cmd", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+
+    proxy = sub.add_parser(
+        "proxy", parents=[backend], help="bridge stdin/stdout to a box (ssh ProxyCommand)"
+    )
+    proxy.add_argument("name")
+
+    cfg = sub.add_parser("ssh-config", parents=[backend], help="OpenSSH config for your boxes")
+    cfg.add_argument(
+        "--write",
+        action="store_true",
+        help="write it to a devbox file and Include that from ~/.ssh/config",
+    )
+
+    sub.add_parser("agent", help="run a box's agent (used by the backends)", add_help=False)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["agent"]:
+        # The agent parses its own flags; keep its start-up free of the CLI's.
+        from agent.main import main as agent_main
+
+        return agent_main(argv[1:])
+    args = build_parser().parse_args(argv)
+    if args.command is None:
+        build_parser().print_help()
+        return EXIT_USAGE
+    debug = args.debug or bool(os.environ.get("DEVBOX_DEBUG"))
+    try:
+        from devbox import commands
+
+        return commands.dispatch(args)
+    except DevboxError as exc:
+        if debug:
+            raise
+        print(f"devbox: error: {exc.message}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        return 130
+    except Exception as exc:  # a bug: still one line, the traceback behind --debug
+        if debug:
+            raise
+        print(
+            f"devbox: error: unexpected {type(exc).__name__}: {exc} (rerun with --debug)",
+            file=sys.stderr,
+        )
+        return 1

@@ -1,0 +1,164 @@
+"""What each `devbox` command does, given parsed arguments."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import sys
+import time
+
+from devbox import config as config_mod
+from devbox.backends import get as get_backend
+from devbox.backends.base import Backend
+from devbox.boxes import Box, BoxSpec
+from devbox.errors import EXIT_FAILURE, DevboxError, UsageError
+from devbox.names import validate_name
+
+
+def _backend(args: argparse.Namespace) -> Backend:
+    cfg = config_mod.load()
+    return get_backend(config_mod.select_backend(getattr(args, "backend", None), cfg), cfg)
+
+
+def _refresh_ssh_config(backend: Backend) -> None:
+    from devbox.ssh import sshconfig
+
+    sshconfig.refresh_if_written(backend.list())
+
+
+def _session(backend: Backend, box: Box, command: str | None, *, interactive: bool) -> int:
+    from devbox.ssh import client
+
+    return client.run(box, _open(backend, box), command, interactive_=interactive)
+
+
+def _open(backend: Backend, box: Box) -> socket.socket:
+    try:
+        sock = backend.open_socket(box)
+    except OSError as exc:
+        raise DevboxError(f"cannot reach box {box.name}: {exc.strerror or exc}") from None
+    sock.settimeout(None)
+    return sock
+
+
+def up(args: argparse.Namespace) -> int:
+    if args.name is not None:
+        validate_name(args.name)
+    backend = _backend(args)
+    box = backend.claim(BoxSpec(gpus=args.gpus), name=args.name, port=args.port)
+    _refresh_ssh_config(backend)
+    if args.json:
+        print(json.dumps(box.to_json()))
+    else:
+        gpus = f", GPUs {','.join(box.gpu_ids)}" if box.gpu_ids else ""
+        print(
+            f"box {box.name} is up ({box.backend}{gpus}); `devbox ssh {box.name}` to enter",
+            file=sys.stderr,
+        )
+    if args.no_attach or args.json or not (sys.stdin.isatty() and sys.stdout.isatty()):
+        return 0
+    return _session(backend, box, None, interactive=True)
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = int(seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def ls(args: argparse.Namespace) -> int:
+    backend = _backend(args)
+    boxes = backend.list()
+    now = time.time()
+    if args.json:
+        print(json.dumps([b.to_json() for b in boxes]))
+    else:
+        rows = [("NAME", "BACKEND", "STATE", "GPUS", "AGE", "IDLE")]
+        for b in boxes:
+            rows.append(
+                (
+                    b.name,
+                    b.backend,
+                    b.state.value,
+                    str(b.spec.gpus),
+                    _age(now - b.created_at),
+                    _age(b.idle_seconds(now)),
+                )
+            )
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        for row in rows:
+            print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+        for b in boxes:
+            if b.reason:
+                print(f"{b.name}: {b.reason}", file=sys.stderr)
+    problems = backend.problems()
+    for problem in problems:
+        print(f"devbox: error: {problem}", file=sys.stderr)
+    return EXIT_FAILURE if problems else 0
+
+
+def down(args: argparse.Namespace) -> int:
+    backend = _backend(args)
+    backend.release(args.name, purge=args.purge)
+    _refresh_ssh_config(backend)
+    print(
+        f"box {args.name} released" + ("" if args.purge else " (its home is kept)"), file=sys.stderr
+    )
+    return 0
+
+
+def ssh(args: argparse.Namespace) -> int:
+    words = list(args.cmd)
+    if words[:1] == ["--"]:
+        words = words[1:]
+    backend = _backend(args)
+    box = backend.get(args.name)
+    if box.state.value not in ("running", "idle"):
+        raise UsageError(f"box {box.name} is {box.state.value}: {box.reason or 'not reachable'}")
+    # As ssh does: the words are joined with spaces and the login shell parses them.
+    command = " ".join(words) if words else None
+    return _session(backend, box, command, interactive=command is None)
+
+
+def proxy(args: argparse.Namespace) -> int:
+    from devbox.ssh.proxy import bridge
+
+    backend = _backend(args)
+    bridge(_open(backend, backend.get(args.name)))
+    return 0
+
+
+def ssh_config(args: argparse.Namespace) -> int:
+    from devbox.ssh import known_hosts, sshconfig
+
+    backend = _backend(args)
+    boxes = backend.list()
+    for box in boxes:  # the config is only as good as the pins it points at
+        if box.host_key:
+            known_hosts.pin(box.name, box.host_key)
+    if args.write:
+        path, changed = sshconfig.write(boxes)
+        note = (
+            "added an Include to ~/.ssh/config" if changed else "~/.ssh/config already includes it"
+        )
+        print(f"wrote {path}; {note}", file=sys.stderr)
+    else:
+        sys.stdout.write(sshconfig.render(boxes))
+    return 0
+
+
+def dispatch(args: argparse.Namespace) -> int:
+    handlers = {
+        "up": up,
+        "ls": ls,
+        "down": down,
+        "ssh": ssh,
+        "proxy": proxy,
+        "ssh-config": ssh_config,
+    }
+    return handlers[args.command](args)

@@ -1,0 +1,74 @@
+"""User configuration: one TOML file, validated strictly (a typo is an error, not a default)."""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from devbox import paths
+from devbox.errors import UsageError
+
+BACKENDS = ("local", "kubernetes")
+MULTIPLEXERS = ("auto", "screen", "tmux", "none")
+
+
+@dataclass(frozen=True, kw_only=True)
+class Config:
+    backend: str = "local"
+    # Which terminal multiplexer keeps sessions alive; auto prefers screen, then tmux.
+    multiplexer: str = "auto"
+    # Seconds `devbox up` waits for a box to come up before giving up.
+    start_timeout: float = 30.0
+
+
+_FIELDS: dict[str, type] = {"backend": str, "multiplexer": str, "start_timeout": float}
+
+
+def load(path: Path | None = None) -> Config:
+    """Read the config file; a missing file means defaults, a broken one is a UsageError."""
+    path = path or paths.config_file()
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        return Config()
+    except OSError as exc:
+        raise UsageError(f"cannot read config file {path}: {exc.strerror}") from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise UsageError(f"config file {path} is not valid TOML: {exc}") from None
+    return _validate(data, path)
+
+
+def _validate(data: dict[str, Any], path: Path) -> Config:
+    values: dict[str, Any] = {}
+    for key, value in data.items():
+        kind = _FIELDS.get(key)
+        if kind is None:
+            raise UsageError(f"config file {path}: unknown setting {key!r}")
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise UsageError(f"config file {path}: {key} must be a {kind.__name__}")
+        values[key] = value
+    config = Config(**values)
+    if config.backend not in BACKENDS:
+        raise UsageError(f"config file {path}: backend must be one of {', '.join(BACKENDS)}")
+    if config.multiplexer not in MULTIPLEXERS:
+        raise UsageError(
+            f"config file {path}: multiplexer must be one of {', '.join(MULTIPLEXERS)}"
+        )
+    if not 0 < config.start_timeout <= 3600:
+        raise UsageError(f"config file {path}: start_timeout must be in (0, 3600] seconds")
+    return config
+
+
+def select_backend(flag: str | None, config: Config) -> str:
+    """--backend beats DEVBOX_BACKEND beats the config file beats the local default."""
+    choice = flag or os.environ.get("DEVBOX_BACKEND") or config.backend
+    if choice not in BACKENDS:
+        raise UsageError(f"unknown backend {choice!r}: choose one of {', '.join(BACKENDS)}")
+    return choice

@@ -1,0 +1,1 @@
+"""Client side of SSH: keys, pinned host keys, the ProxyCommand bridge, attach."""

@@ -1,0 +1,85 @@
+"""OpenSSH config for boxes: `Host NAME.devbox` blocks, and one Include line in ~/.ssh/config.
+
+With these, plain ssh, scp, sftp, rsync and VS Code Remote-SSH reach a box by name.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+
+from devbox import paths
+from devbox.boxes import Box
+from devbox.ssh.known_hosts import alias
+
+HEADER = "# Managed by devbox (`devbox ssh-config --write`); edits here are overwritten.\n"
+
+
+def _quote(value: str) -> str:
+    return f'"{value}"' if any(c.isspace() for c in value) else value
+
+
+def render(boxes: Iterable[Box]) -> str:
+    # `python -m devbox`, not a bare `devbox`: VS Code and other tools run ssh with
+    # a PATH that may not contain the console script.
+    proxy = f"{_quote(sys.executable)} -m devbox proxy --backend {{backend}} {{name}}"
+    out = [HEADER]
+    for box in boxes:
+        out.append(
+            f"\nHost {alias(box.name)}\n"
+            f"  User {box.owner}\n"
+            f"  ProxyCommand {proxy.format(backend=box.backend, name=box.name)}\n"
+            f"  IdentityFile {_quote(str(paths.user_key_file()))}\n"
+            "  IdentitiesOnly yes\n"
+            f"  UserKnownHostsFile {_quote(str(paths.known_hosts_file()))}\n"
+            "  StrictHostKeyChecking yes\n"
+            f"  HostKeyAlias {alias(box.name)}\n"
+            "  ServerAliveInterval 30\n"
+        )
+    return "".join(out)
+
+
+def include_line(path: Path | None = None) -> str:
+    return f"Include {_quote(str(path or paths.ssh_config_file()))}"
+
+
+def write(boxes: Iterable[Box]) -> tuple[Path, bool]:
+    """Write the managed file and make sure ~/.ssh/config includes it.
+
+    Returns the managed path and whether ~/.ssh/config was changed. The Include
+    goes first: an Include after a Host line would apply only to that host.
+    """
+    managed = paths.ssh_config_file()
+    managed.parent.mkdir(parents=True, exist_ok=True)
+    tmp = managed.with_name(managed.name + ".tmp")
+    tmp.write_text(render(boxes))
+    os.replace(tmp, managed)
+
+    user = paths.user_ssh_config()
+    if user.is_symlink():  # dotfile managers link it; write through, keep the link
+        user = user.resolve()
+    line = include_line(managed)
+    try:
+        current = user.read_text()
+    except FileNotFoundError:
+        current = ""
+    if any(existing.strip() == line for existing in current.splitlines()):
+        return managed, False
+    user.parent.mkdir(mode=0o700, exist_ok=True)
+    mode = user.stat().st_mode & 0o777 if user.exists() else 0o600
+    tmp = user.with_name(user.name + ".devbox.tmp")
+    tmp.write_text(f"{line}\n{current}")
+    os.chmod(tmp, mode)
+    os.replace(tmp, user)
+    return managed, True
+
+
+def refresh_if_written(boxes: Iterable[Box]) -> None:
+    """Keep the managed file current after up/down, once the user has opted in with --write."""
+    managed = paths.ssh_config_file()
+    if managed.exists():
+        tmp = managed.with_name(managed.name + ".tmp")
+        tmp.write_text(render(boxes))
+        os.replace(tmp, managed)

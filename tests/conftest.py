@@ -1,0 +1,167 @@
+"""Shared fixtures: every test gets a fresh user (HOME, XDG folders, screen/tmux
+sockets, GPU locks) and a simulated NVML, and every box it starts is stopped after."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests import nvml_sim
+from tests.terminal import Terminal
+
+REPO = Path(__file__).resolve().parents[1]
+PROMPT = "box-prompt>"  # PS1 adds a space; capture-pane strips it
+
+
+@pytest.fixture(scope="session")
+def nvml_lib_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("nvml-sim")
+    nvml_sim.build(out)
+    return out
+
+
+@dataclass
+class User:
+    """One devbox user on this machine: their environment and a way to run `devbox`."""
+
+    home: Path
+    env: dict[str, str]
+    gpu_file: Path
+
+    @property
+    def state(self) -> Path:
+        return self.home / ".local/state/devbox"
+
+    @property
+    def ssh_config(self) -> Path:
+        return self.home / ".config/devbox/ssh_config"
+
+    def box_dir(self, name: str) -> Path:
+        return self.state / "local/boxes" / name
+
+    def gpus(self, count: int) -> None:
+        nvml_sim.write_gpus(self.gpu_file, count)
+
+    def devbox(
+        self, *args: str, input: bytes | None = None, timeout: float = 60, check: bool = False
+    ) -> subprocess.CompletedProcess[bytes]:
+        result = subprocess.run(
+            [sys.executable, "-m", "devbox", *args],
+            env=self.env,
+            input=input,
+            stdin=None if input is not None else subprocess.DEVNULL,
+            capture_output=True,
+            timeout=timeout,
+            cwd=self.home,
+        )
+        if check and result.returncode != 0:
+            raise AssertionError(
+                f"devbox {' '.join(args)} failed ({result.returncode}): {result.stderr.decode()}"
+            )
+        return result
+
+    def up(self, name: str, *extra: str) -> dict[str, object]:
+        result = self.devbox("up", name, "--no-attach", "--json", *extra, check=True)
+        box: dict[str, object] = json.loads(result.stdout)
+        return box
+
+    def ssh(
+        self, *args: str, input: bytes | None = None, timeout: float = 60
+    ) -> subprocess.CompletedProcess[bytes]:
+        """The real OpenSSH client with the config devbox generated."""
+        if not self.ssh_config.exists():
+            self.devbox("ssh-config", "--write", check=True)
+        return subprocess.run(
+            ["ssh", "-F", str(self.ssh_config), *args],
+            env=self.env,
+            input=input,
+            stdin=None if input is not None else subprocess.DEVNULL,
+            capture_output=True,
+            timeout=timeout,
+        )
+
+    def stop_all(self) -> None:
+        """Kill every agent of this user and end their screen/tmux sessions."""
+        boxes = self.state / "local/boxes"
+        if not boxes.exists():
+            return
+        screen, tmux = shutil.which("screen"), shutil.which("tmux")
+        for folder in boxes.iterdir():
+            with contextlib.suppress(OSError, ValueError):
+                os.kill(int((folder / "agent.lock").read_text().strip()), signal.SIGKILL)
+            session = f"devbox-{folder.name}"
+            for argv in (
+                [screen, "-S", session, "-X", "quit"],
+                [tmux, "-L", session, "kill-server"],
+            ):
+                if argv[0]:
+                    subprocess.run(argv, env=self.env, capture_output=True, check=False)
+
+
+def make_user(root: Path, nvml_dir: Path, *, gpu_lock_dir: Path | None = None) -> User:
+    home = root / "home"
+    home.mkdir(parents=True)
+    # A prompt tests can wait for, whatever the machine's bashrc says.
+    for rc in (".bashrc", ".profile"):
+        (home / rc).write_text(f"PS1='{PROMPT} '\n")
+    # Unix socket paths are short (108 bytes): pytest's tmp paths are too long for them.
+    short = Path(tempfile.mkdtemp(prefix="dbx", dir="/tmp"))
+    screens = short / "s"
+    screens.mkdir(mode=0o700)
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("XDG_", "DEVBOX_", "STY", "TMUX", "SSH_"))
+    }
+    gpu_file = root / "gpus.txt"
+    env.update(
+        HOME=str(home),
+        SCREENDIR=str(screens),
+        TMUX_TMPDIR=str(short),
+        DEVBOX_GPU_LOCK_DIR=str(gpu_lock_dir or root / "gpu-locks"),
+        DEVBOX_NVML_SIM=str(gpu_file),
+        LD_LIBRARY_PATH=str(nvml_dir),
+        PYTHONPATH=str(REPO),
+        TERM="xterm-256color",
+    )
+    return User(home=home, env=env, gpu_file=gpu_file)
+
+
+@pytest.fixture
+def user(tmp_path: Path, nvml_lib_dir: Path) -> Iterator[User]:
+    u = make_user(tmp_path / "u1", nvml_lib_dir)
+    yield u
+    u.stop_all()
+
+
+@pytest.fixture
+def user_factory(tmp_path: Path, nvml_lib_dir: Path) -> Iterator[object]:
+    made: list[User] = []
+
+    def factory(label: str, *, gpu_lock_dir: Path | None = None) -> User:
+        u = make_user(tmp_path / label, nvml_lib_dir, gpu_lock_dir=gpu_lock_dir)
+        made.append(u)
+        return u
+
+    yield factory
+    for u in made:
+        u.stop_all()
+
+
+@pytest.fixture
+def term(user: User) -> Iterator[Terminal]:
+    """A real terminal (a private tmux server) in the user's environment."""
+    t = Terminal(user.env, Path(user.env["TMUX_TMPDIR"]))
+    yield t
+    t.close()
