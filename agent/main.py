@@ -10,7 +10,6 @@ listen backlog instead of being refused.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import errno
 import fcntl
@@ -135,6 +134,8 @@ def main(argv: list[str] | None = None) -> int:
         ),
     )
     # The GPU claim and the lock file stay held (open) until this process ends.
+    import asyncio  # after READY: the launcher need not wait for it
+
     return asyncio.run(
         _serve(
             args,
@@ -154,6 +155,8 @@ async def _serve(
     mux: Multiplexer,
     gpu_env: str,
 ) -> int:
+    import asyncio
+
     import asyncssh
 
     from agent.server import Agent, BoxIdentity, serve

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import enum
-import subprocess
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import subprocess
 
 
 class BoxState(enum.StrEnum):
@@ -151,6 +153,8 @@ class Multiplexer:
 
 
 def _quiet(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    import subprocess  # only when a session is ended: keeps `import devbox.boxes` light
+
     return subprocess.run(
         argv, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=10, check=False
     )

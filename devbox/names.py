@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import secrets
 
 from devbox.errors import UsageError
 
@@ -82,4 +81,6 @@ def validate_name(name: str) -> str:
 
 def generate_name() -> str:
     """A memorable name; callers re-draw on a collision (four hex digits make that rare)."""
+    import secrets  # here: every command validates names, only `up` draws one
+
     return f"{secrets.choice(_ADJECTIVES)}-{secrets.choice(_NOUNS)}-{secrets.token_hex(2)}"

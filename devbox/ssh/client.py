@@ -19,11 +19,10 @@ import tty
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-import asyncssh
-
 from devbox import paths
 from devbox.boxes import Box
 from devbox.errors import DevboxError
+from devbox.ssh._asyncssh import asyncssh
 
 CHUNK = 256 * 1024
 

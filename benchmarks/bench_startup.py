@@ -1,0 +1,77 @@
+"""Claim latency on the local backend and CLI start-up cost.
+
+- `devbox up NAME --no-attach` then `devbox ssh NAME -- true`: median wall time
+  (target < 0.5 s), with `ssh host true` against OpenSSH's sshd as the peer.
+- `devbox --help` against a bare `python -c pass` (target <= 3x).
+    python benchmarks/bench_startup.py [--runs 15]
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import time
+
+from harness import devbox_command, emit, sandbox, ssh_base, sshd, summary
+
+
+def _wall(argv: list[str], env: dict[str, str]) -> float:
+    start = time.perf_counter()
+    subprocess.run(
+        argv,
+        env=env,
+        check=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=15)
+    args = parser.parse_args()
+    devbox = devbox_command()
+    with sandbox() as sb:
+        sb.devbox("up", "warmup", "--no-attach")  # first use makes the user's key
+        sb.devbox("down", "warmup", "--purge")
+        up, ssh_true, total = [], [], []
+        for i in range(args.runs):
+            name = f"b{i}"
+            t_up = _wall([*devbox, "up", name, "--no-attach"], sb.env)
+            t_ssh = _wall([*devbox, "ssh", name, "--", "true"], sb.env)
+            up.append(t_up)
+            ssh_true.append(t_ssh)
+            total.append(t_up + t_ssh)
+            sb.devbox("down", name, "--purge")
+        sb.devbox("up", "steady", "--no-attach")
+        warm_ssh = [
+            _wall([*devbox, "ssh", "steady", "--", "true"], sb.env) for _ in range(args.runs)
+        ]
+        with sshd(sb.root, sb.key.with_name("id_ed25519.pub")) as peer:
+            openssh = ssh_base(sb.key, peer.known_hosts, peer.port)
+            openssh_true = [_wall([*openssh, "true"], sb.env) for _ in range(args.runs)]
+        help_ = [_wall([*devbox, "--help"], sb.env) for _ in range(args.runs)]
+        bare = [_wall([sys.executable, "-c", "pass"], sb.env) for _ in range(args.runs)]
+    emit(
+        {
+            "benchmark": "startup",
+            "runs": args.runs,
+            "up_no_attach_s": summary(up),
+            "ssh_true_on_new_box_s": summary(ssh_true),
+            "up_then_ssh_true_s": summary(total),
+            "target_up_then_ssh_true_median_s": 0.5,
+            "devbox_ssh_true_on_running_box_s": summary(warm_ssh),
+            "peer_openssh_ssh_true_s": summary(openssh_true),
+            "devbox_help_s": summary(help_),
+            "python_pass_s": summary(bare),
+            "help_over_python_pass": summary(help_)["median"] / summary(bare)["median"],
+            "target_help_over_python_pass": 3.0,
+        }
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,159 @@
+"""Shared set-up for benchmarks: a throwaway devbox user with a local box, and OpenSSH's sshd
+on loopback as the peer. Everything runs on 127.0.0.1 and is torn down at exit."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def devbox_command() -> list[str]:
+    """The installed console script when there is one (what users run), else `python -m`."""
+    script = Path(sys.executable).with_name("devbox")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "devbox"]
+
+
+@dataclass
+class Sandbox:
+    root: Path
+    env: dict[str, str]
+
+    def devbox(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run(
+            [*devbox_command(), *args],
+            env=self.env,
+            capture_output=True,
+            stdin=subprocess.DEVNULL,
+            check=check,
+        )
+
+    @property
+    def key(self) -> Path:
+        return self.root / "home/.config/devbox/id_ed25519"
+
+    def box(self, name: str) -> dict[str, object]:
+        rows = json.loads(self.devbox("ls", "--json").stdout)
+        return next(b for b in rows if b["name"] == name)
+
+
+@contextlib.contextmanager
+def sandbox() -> Iterator[Sandbox]:
+    root = Path(tempfile.mkdtemp(prefix="devbox-bench-"))
+    (root / "home").mkdir()
+    screens = root / "s"
+    screens.mkdir(mode=0o700)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("XDG_", "DEVBOX_", "STY"))}
+    env.update(
+        HOME=str(root / "home"),
+        SCREENDIR=str(screens),
+        TMUX_TMPDIR=str(root),
+        DEVBOX_GPU_LOCK_DIR=str(root / "gpu-locks"),
+        PYTHONPATH=str(REPO),
+    )
+    box = Sandbox(root, env)
+    try:
+        yield box
+    finally:
+        for folder in (root / "home/.local/state/devbox/local/boxes").glob("*"):
+            with contextlib.suppress(OSError, ValueError):
+                os.kill(int((folder / "agent.lock").read_text()), signal.SIGTERM)
+        time.sleep(0.3)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Sshd:
+    port: int
+    known_hosts: Path
+
+
+@contextlib.contextmanager
+def sshd(root: Path, authorized_key: Path) -> Iterator[Sshd]:
+    """OpenSSH's server on loopback, accepting `authorized_key`, as the peer to beat."""
+    binary = shutil.which("sshd") or "/usr/sbin/sshd"
+    if not os.path.exists(binary):
+        raise SystemExit("benchmark needs OpenSSH's sshd: apt-get install openssh-server")
+    d = root / "sshd"
+    d.mkdir()
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / "host")], check=True
+    )
+    shutil.copy(authorized_key, d / "authorized_keys")
+    port = free_port()
+    (d / "config").write_text(
+        f"Port {port}\nListenAddress 127.0.0.1\nHostKey {d / 'host'}\n"
+        f"AuthorizedKeysFile {d / 'authorized_keys'}\nPasswordAuthentication no\n"
+        "KbdInteractiveAuthentication no\nUsePAM no\nPermitRootLogin prohibit-password\n"
+        f"StrictModes no\nPidFile {d / 'pid'}\nSubsystem sftp internal-sftp\n"
+    )
+    os.makedirs("/run/sshd", exist_ok=True)  # privilege separation directory
+    with open(d / "log", "wb") as log:
+        proc = subprocess.Popen([binary, "-D", "-e", "-f", str(d / "config")], stderr=log)
+    known = d / "known_hosts"
+    known.write_text(f"[127.0.0.1]:{port} {(d / 'host.pub').read_text()}")
+    try:
+        deadline = time.monotonic() + 10
+        while True:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port)):
+                break
+            if time.monotonic() > deadline:
+                raise SystemExit(f"sshd did not start: {(d / 'log').read_text()}")
+            time.sleep(0.05)
+        yield Sshd(port, known)
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+def ssh_base(key: Path, known_hosts: Path, port: int, alias: str | None = None) -> list[str]:
+    """The OpenSSH client aimed at 127.0.0.1:port, the same options for every server."""
+    opts = [
+        "ssh",
+        "-F",
+        "/dev/null",
+        "-i",
+        str(key),
+        "-o",
+        "IdentitiesOnly=yes",
+        "-o",
+        f"UserKnownHostsFile={known_hosts}",
+        "-o",
+        "StrictHostKeyChecking=yes",
+        "-o",
+        "BatchMode=yes",
+        "-p",
+        str(port),
+    ]
+    if alias:
+        opts += ["-o", f"HostKeyAlias={alias}"]
+    return [*opts, "127.0.0.1"]
+
+
+def summary(samples: list[float]) -> dict[str, float]:
+    ordered = sorted(samples)
+    p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]
+    return {"median": statistics.median(ordered), "p99": p99, "min": ordered[0], "n": len(ordered)}
+
+
+def emit(result: dict[str, object]) -> None:
+    print(json.dumps(result, indent=1))

@@ -1,0 +1,54 @@
+"""The benchmark scripts run and print the JSON they promise (tiny sizes; no timing asserts)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("sshd") is None and not Path("/usr/sbin/sshd").exists(),
+    reason="the benchmarks' peer is OpenSSH's sshd (apt-get install openssh-server)",
+)
+
+
+def _run(script: str, *args: str) -> dict[str, Any]:
+    out = subprocess.run(
+        [sys.executable, str(BENCH / script), *args],
+        cwd=BENCH,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    assert out.returncode == 0, out.stderr
+    result: dict[str, Any] = json.loads(out.stdout)
+    return result
+
+
+def test_throughput_benchmark() -> None:
+    ratios = _run("bench_throughput.py", "--mib", "4", "--repeat", "1")["ratios_vs_sshd"]
+    assert set(ratios) == {
+        "agent_direct_upload_ratio",
+        "agent_direct_download_ratio",
+        "agent_via_proxycommand_upload_ratio",
+        "agent_via_proxycommand_download_ratio",
+    }
+    assert all(r > 0 for r in ratios.values())
+
+
+def test_startup_benchmark() -> None:
+    result = _run("bench_startup.py", "--runs", "2")
+    assert result["up_then_ssh_true_s"]["n"] == 2
+    assert result["help_over_python_pass"] > 0
+
+
+def test_echo_benchmark() -> None:
+    result = _run("bench_echo.py", "--keys", "40")
+    assert result["agent"]["n"] == 40 and result["sshd"]["n"] == 40
