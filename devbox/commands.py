@@ -122,7 +122,10 @@ def ssh(args: argparse.Namespace) -> int:
         raise UsageError(f"box {box.name} is {box.state.value}: {box.reason or 'not reachable'}")
     # As ssh does: the words are joined with spaces and the login shell parses them.
     command = " ".join(words) if words else None
-    return _session(backend, box, command, interactive=command is None)
+    # Like ssh: no command and a terminal is the interactive session; no command and
+    # piped input runs the login shell on that input (`echo make | devbox ssh NAME`).
+    tty = sys.stdin.isatty() and sys.stdout.isatty()
+    return _session(backend, box, command, interactive=command is None and tty)
 
 
 def proxy(args: argparse.Namespace) -> int:

@@ -92,8 +92,9 @@ async def _relay(reader: asyncssh.SSHReader[bytes], fd: int) -> None:
             view = view[os.write(fd, view) :]
 
 
-async def run_command(conn: asyncssh.SSHClientConnection, command: str, box: str) -> int:
-    """Run `command` as `ssh host command` would: stdin, stdout, stderr and status pass through."""
+async def run_command(conn: asyncssh.SSHClientConnection, command: str | None, box: str) -> int:
+    """Run `command` as `ssh host command` would: stdin, stdout, stderr and status pass through.
+    None runs the login shell on stdin, as `ssh -T host` does."""
     process = await conn.create_process(command, encoding=None)
     loop = asyncio.get_running_loop()
 
@@ -169,7 +170,6 @@ def run(box: Box, sock: socket.socket, command: str | None, *, interactive_: boo
         try:
             if interactive_:
                 return await interactive(conn, command, box.name)
-            assert command is not None
             return await run_command(conn, command, box.name)
         finally:
             conn.close()

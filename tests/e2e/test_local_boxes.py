@@ -197,3 +197,22 @@ def test_backend_selection(user: User) -> None:
     user.env["XDG_CONFIG_HOME"] = str(other)
     moved = user.devbox("ls")
     assert moved.returncode == 2 and b"backend must be one of" in moved.stderr
+
+
+def test_piped_script_without_a_command_runs_in_the_login_shell(user: User) -> None:
+    user.up("piped")
+    result = user.devbox("ssh", "piped", input=b"echo on-$DEVBOX_BOX\nexit 6\n")
+    assert result.returncode == 6
+    assert result.stdout == b"on-piped\n"
+
+
+def test_idle_time_follows_input(user: User) -> None:
+    user.up("idler")
+    time.sleep(2.5)
+    before = _ls(user)["idler"]
+    idle_before = time.time() - float(before["last_activity"])
+    assert idle_before >= 2
+    user.devbox("ssh", "idler", "--", "cat", input=b"typing", check=True)
+    after = _ls(user)["idler"]
+    assert time.time() - float(after["last_activity"]) < idle_before
+    assert float(after["last_activity"]) > float(before["last_activity"])

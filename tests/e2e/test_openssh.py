@@ -239,3 +239,52 @@ def test_a_changed_host_key_is_refused(user: User, tmp_path: Path) -> None:
     finally:
         impostor.kill()
         impostor.wait()
+
+
+def test_a_shell_on_stdin_without_a_pty(user: User) -> None:
+    """What VS Code Remote-SSH does first: `ssh -T host bash` fed a script on stdin."""
+    user.up("vscode")
+    result = user.ssh("-T", "vscode.devbox", input=b"uname -s\necho box=$DEVBOX_BOX\nexit 3\n")
+    assert result.returncode == 3, result.stderr
+    assert result.stdout.decode().split() == ["Linux", "box=vscode"]
+    dynamic_port = _free_port()
+    target, srv = _echo_server()
+    socks = subprocess.Popen(
+        [
+            "ssh",
+            "-F",
+            str(user.ssh_config),
+            "-N",
+            "-o",
+            "ExitOnForwardFailure=yes",
+            "-D",
+            str(dynamic_port),
+            "vscode.devbox",
+        ],
+        env=user.env,
+        stdin=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        # A SOCKS5 CONNECT to the echo server through ssh -D (VS Code's dynamic forward).
+        deadline = time.monotonic() + 15
+        while True:
+            try:
+                c = socket.create_connection(("127.0.0.1", dynamic_port), timeout=5)
+                break
+            except OSError:
+                assert time.monotonic() < deadline
+                time.sleep(0.1)
+        with c:
+            c.sendall(b"\x05\x01\x00")
+            assert c.recv(2) == b"\x05\x00"
+            c.sendall(
+                b"\x05\x01\x00\x01" + socket.inet_aton("127.0.0.1") + target.to_bytes(2, "big")
+            )
+            assert c.recv(10)[:2] == b"\x05\x00"
+            c.sendall(b"hi")
+            assert c.recv(100) == b"echo:hi"
+    finally:
+        socks.terminate()
+        socks.wait(timeout=10)
+        srv.close()
