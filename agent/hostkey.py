@@ -3,13 +3,13 @@ fingerprint before paying for the asyncssh import (claim latency)."""
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import os
 from pathlib import Path
 
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from devbox import protocol
 
 
 def load_or_create(path: Path) -> str:
@@ -33,8 +33,4 @@ def load_or_create(path: Path) -> str:
     return public.decode()
 
 
-def fingerprint(public_line: str) -> str:
-    """OpenSSH's SHA256 fingerprint of a public key line ("SHA256:..." as ssh-keygen -l prints)."""
-    blob = base64.b64decode(public_line.split()[1])
-    digest = base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
-    return f"SHA256:{digest}"
+fingerprint = protocol.fingerprint  # one definition, shared with the client side

@@ -35,11 +35,10 @@ class StartError(Exception):
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="devbox agent", description="Run a box's agent (SSH server).")
-    p.add_argument("--name", required=True, help="box name")
-    p.add_argument("--home", required=True, type=Path, help="the box's home folder")
+    p.add_argument("--name", help="box name (in a pod: from its devbox.io/box label)")
+    p.add_argument("--home", type=Path, help="the box's home folder")
     p.add_argument(
         "--authorized-key",
-        required=True,
         type=Path,
         help="file with the owner's SSH public key (the only key accepted)",
     )
@@ -53,7 +52,23 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--multiplexer", default="auto", choices=("auto", "screen", "tmux", "none"))
     p.add_argument("--ready-fd", type=int, help="pipe to report readiness on (one frame)")
     p.add_argument("--log-level", default="INFO")
+    k8s = p.add_argument_group("in a Kubernetes pod")
+    k8s.add_argument("--pod", help="this pod's name: follow it for the owner, publish the host key")
+    k8s.add_argument("--namespace", help="this pod's namespace")
+    k8s.add_argument("--kubeconfig", help="API credentials (default: the pod's service account)")
+    k8s.add_argument("--home-root", type=Path, help="where homes live; the owner's is ROOT/OWNER")
+    k8s.add_argument("--heartbeat", type=float, default=10.0, help="Lease renewal period (s)")
     return p
+
+
+def _check(args: argparse.Namespace) -> None:
+    if args.pod:
+        if not (args.namespace and args.home_root):
+            raise StartError("--pod needs --namespace and --home-root", "usage")
+        args.home = args.home or args.home_root
+        args.name = args.name or args.pod
+    elif not (args.name and args.home and args.authorized_key):
+        raise StartError("--name, --home and --authorized-key are required", "usage")
 
 
 def _hold_lock(path: Path) -> int:
@@ -98,13 +113,16 @@ def main(argv: list[str] | None = None) -> int:
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     try:
+        _check(args)
         args.home.mkdir(parents=True, exist_ok=True)
         os.chdir(args.home)
         if args.lock_file:
             _hold_lock(args.lock_file)
-        owner_line = args.authorized_key.read_text().strip()
-        if not owner_line.startswith(("ssh-", "ecdsa-", "sk-")):
-            raise StartError(f"{args.authorized_key} does not hold an SSH public key")
+        owner_line = ""
+        if args.authorized_key:
+            owner_line = args.authorized_key.read_text().strip()
+            if not owner_line.startswith(("ssh-", "ecdsa-", "sk-")):
+                raise StartError(f"{args.authorized_key} does not hold an SSH public key")
         try:
             claim = gpus.claim(args.gpus, lock_dir=args.gpu_lock_dir, owner=args.name)
         except gpus.GpuUnavailable as exc:
@@ -141,6 +159,7 @@ def main(argv: list[str] | None = None) -> int:
             args,
             sock=sock,
             owner_line=owner_line,
+            host_line=host_line,
             mux=mux,
             gpu_env=claim.visible_devices if args.gpus else "",
         )
@@ -152,6 +171,7 @@ async def _serve(
     *,
     sock: socket.socket,
     owner_line: str,
+    host_line: str,
     mux: Multiplexer,
     gpu_env: str,
 ) -> int:
@@ -169,14 +189,20 @@ async def _serve(
         BoxIdentity(
             name=args.name,
             home=args.home,
-            owner_key=asyncssh.import_public_key(owner_line),
+            owner_key=asyncssh.import_public_key(owner_line) if owner_line else None,
             multiplexer=mux,
-            # A box without GPUs sees none, rather than every GPU of the machine.
-            gpu_env=gpu_env,
+            # A box without GPUs sees none, rather than every GPU of the machine. In a
+            # pod the device plugin has already chosen what the container sees.
+            gpu_env=None if args.pod else gpu_env,
             activity_file=args.activity_file,
             warn_without_multiplexer=args.multiplexer != "none",
         )
     )
+    link_stop = None
+    if args.pod:
+        from agent.incluster import start_link
+
+        link_stop = await start_link(agent, args, host_line=host_line)
     # The box is ending: so do its persistent sessions and what runs in them. First,
     # while clients are still attached, so they see "[screen is terminating]".
     await serve(
@@ -184,6 +210,8 @@ async def _serve(
         sock=sock,
         host_key=args.host_key,
         stop=stop,
-        before_disconnect=lambda: asyncio.to_thread(mux.end, args.name),
+        before_disconnect=lambda: asyncio.to_thread(mux.end, agent.box.name),
     )
+    if link_stop is not None:
+        link_stop.set()
     return 0

@@ -53,7 +53,8 @@ ACTIVITY_WRITE_INTERVAL = 1.0
 class BoxIdentity:
     name: str
     home: Path
-    owner_key: asyncssh.SSHKey
+    # None until a claim names the owner (a warm pod): every key is refused meanwhile.
+    owner_key: asyncssh.SSHKey | None
     multiplexer: Multiplexer
     gpu_env: str | None  # CUDA_VISIBLE_DEVICES for sessions; None leaves it unset
     # False when the user chose "none": a plain shell is then what they asked for.
@@ -210,7 +211,8 @@ class _Server(asyncssh.SSHServer):
         return True
 
     def validate_public_key(self, username: str, key: asyncssh.SSHKey) -> bool:
-        accepted = key.public_data == self._agent.box.owner_key.public_data
+        owner = self._agent.box.owner_key
+        accepted = owner is not None and key.public_data == owner.public_data
         if not accepted:
             log.warning("refused key %s for %s: not the owner's", key.get_fingerprint(), username)
         return accepted

@@ -43,11 +43,25 @@ def _port(text: str) -> int:
     return value
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"timeout must be a number of seconds, not {text!r}"
+        ) from None
+    if not 0 < value <= 86400:
+        raise argparse.ArgumentTypeError(f"timeout must be between 0 and 86400 s (got {text})")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="devbox", description="A personal GPU box in one command.")
     parser.add_argument("--version", action="version", version=f"devbox {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     backend = _Parser(add_help=False)
+    backend.add_argument("--context", help="kubernetes: kubeconfig context (default: current)")
+    backend.add_argument("--namespace", "-n", help="kubernetes: namespace (default: context's)")
     backend.add_argument(
         "--backend",
         choices=("local", "kubernetes"),
@@ -61,6 +75,8 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--port", type=_port, default=0, help="local backend: the agent's port")
     up.add_argument("--no-attach", action="store_true", help="do not attach the session")
     up.add_argument("--json", action="store_true", help="print the box record as JSON")
+    up.add_argument("--profile", default="default", help="kubernetes: the box profile (pool)")
+    up.add_argument("--timeout", type=_seconds, help="seconds to wait for the box to start")
 
     ls = sub.add_parser("ls", parents=[backend], help="list your boxes")
     ls.add_argument("--json", action="store_true", help="one JSON array of box records")
@@ -89,6 +105,20 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="write it to a devbox file and Include that from ~/.ssh/config",
     )
+
+    pool = sub.add_parser("pool", help="kubernetes: the warm pool of unclaimed boxes")
+    pool_sub = pool.add_subparsers(
+        dest="pool_command", metavar="ACTION", parser_class=_Parser, required=True
+    )
+    warm = pool_sub.add_parser("warm", parents=[backend], help="top the pool up to --size pods")
+    warm.add_argument("--profile", default="default")
+    warm.add_argument("--gpus", type=_gpu_count, default=0, help="GPUs per warm pod")
+    warm.add_argument("--size", type=_gpu_count, default=1, help="unclaimed pods to keep")
+    warm.add_argument("--no-wait", action="store_true", help="do not wait for them to start")
+    warm.add_argument("--timeout", type=_seconds, help="seconds to wait for them to start")
+    warm.add_argument("--json", action="store_true", help="the pool as a JSON array")
+    pls = pool_sub.add_parser("ls", parents=[backend], help="list the warm pods")
+    pls.add_argument("--json", action="store_true")
 
     sub.add_parser("agent", help="run a box's agent (used by the backends)", add_help=False)
     return parser

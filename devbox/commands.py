@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import socket
 import sys
 import time
+from collections.abc import Sequence
 
 from devbox import config as config_mod
 from devbox.backends import get as get_backend
@@ -18,6 +20,16 @@ from devbox.names import validate_name
 
 def _backend(args: argparse.Namespace) -> Backend:
     cfg = config_mod.load()
+    overrides = {
+        key: value
+        for key, value in (
+            ("context", getattr(args, "context", None)),
+            ("namespace", getattr(args, "namespace", None)),
+            ("start_timeout", getattr(args, "timeout", None)),
+        )
+        if value is not None
+    }
+    cfg = dataclasses.replace(cfg, **overrides)
     return get_backend(config_mod.select_backend(getattr(args, "backend", None), cfg), cfg)
 
 
@@ -46,7 +58,9 @@ def up(args: argparse.Namespace) -> int:
     if args.name is not None:
         validate_name(args.name)
     backend = _backend(args)
-    box = backend.claim(BoxSpec(gpus=args.gpus), name=args.name, port=args.port)
+    box = backend.claim(
+        BoxSpec(gpus=args.gpus, profile=args.profile), name=args.name, port=args.port
+    )
     _refresh_ssh_config(backend)
     if args.json:
         print(json.dumps(box.to_json()))
@@ -90,9 +104,7 @@ def ls(args: argparse.Namespace) -> int:
                     _age(b.idle_seconds(now)),
                 )
             )
-        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-        for row in rows:
-            print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+        _table(rows)
         for b in boxes:
             if b.reason:
                 print(f"{b.name}: {b.reason}", file=sys.stderr)
@@ -155,8 +167,47 @@ def ssh_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def pool(args: argparse.Namespace) -> int:
+    from devbox.backends.kubernetes import KubernetesBackend
+
+    backend = _backend(args)
+    if not isinstance(backend, KubernetesBackend):
+        raise UsageError("the warm pool is a kubernetes feature: add --backend kubernetes")
+    if args.pool_command == "warm":
+        boxes = backend.warm(
+            BoxSpec(gpus=args.gpus, profile=args.profile), size=args.size, wait=not args.no_wait
+        )
+    else:
+        boxes = backend.pool()
+    if getattr(args, "json", False):
+        print(json.dumps([b.to_json() for b in boxes]))
+        return 0
+    now = time.time()
+    _table(
+        [("POD", "PROFILE", "GPUS", "STATE", "AGE")]
+        + [
+            (
+                b.extra.get("pod", b.name),
+                b.spec.profile,
+                str(b.spec.gpus),
+                b.state.value,
+                _age(now - b.created_at),
+            )
+            for b in boxes
+        ]
+    )
+    return 0
+
+
+def _table(rows: Sequence[tuple[str, ...]]) -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    for row in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+
+
 def dispatch(args: argparse.Namespace) -> int:
     handlers = {
+        "pool": pool,
         "up": up,
         "ls": ls,
         "down": down,

@@ -22,9 +22,29 @@ class Config:
     multiplexer: str = "auto"
     # Seconds `devbox up` waits for a box to come up before giving up.
     start_timeout: float = 30.0
+    # Kubernetes backend. Empty context/namespace: the kubeconfig's current ones.
+    context: str = ""
+    namespace: str = ""
+    image: str = "ghcr.io/devbox/box:latest"
+    # Storage class of the shared homes volume (ReadWriteMany); empty: the cluster default.
+    home_storage_class: str = ""
+    home_size: str = "100Gi"
+    service_account: str = "devbox-agent"
+    warm_priority_class: str = "devbox-warm"
 
 
-_FIELDS: dict[str, type] = {"backend": str, "multiplexer": str, "start_timeout": float}
+_FIELDS: dict[str, type] = {
+    "backend": str,
+    "multiplexer": str,
+    "start_timeout": float,
+    "context": str,
+    "namespace": str,
+    "image": str,
+    "home_storage_class": str,
+    "home_size": str,
+    "service_account": str,
+    "warm_priority_class": str,
+}
 
 
 def load(path: Path | None = None) -> Config:

@@ -8,6 +8,8 @@ that one stream only.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -56,3 +58,26 @@ def decode(line: bytes) -> Frame:
 READY = "ready"
 ERROR = "error"
 HELLO = "hello"
+
+
+# --- Kubernetes: the labels and annotations through which the backend and an in-cluster
+# agent talk (the API server is the channel; no extra port, no CRD).
+LABEL_MANAGED = "app.kubernetes.io/managed-by"  # = "devbox" on every box pod
+LABEL_BOX = "devbox.io/box"
+LABEL_OWNER = "devbox.io/owner"
+LABEL_PROFILE = "devbox.io/profile"
+LABEL_STATE = "devbox.io/state"  # "warm" (unclaimed pool pod) or "claimed"
+ANN_OWNER_KEY = "devbox.io/owner-key"  # written by the claimer: the one key the agent accepts
+ANN_HOST_KEY = "devbox.io/host-key"  # written by the agent: its public host key line
+ANN_HOST_KEY_FP = "devbox.io/host-key-fingerprint"
+ANN_OWNER_ACK = "devbox.io/owner-ack"  # written by the agent: fingerprint of the key it adopted
+ANN_LAST_INPUT = "devbox.io/last-input"  # on the box's Lease: activity, as unix seconds
+ANN_CLIENTS = "devbox.io/clients"
+SSH_PORT = 2222  # the agent's port inside a pod; reached only through port-forward
+
+
+def fingerprint(public_line: str) -> str:
+    """OpenSSH's SHA256 fingerprint of a public key line ("SHA256:..." as ssh-keygen -l)."""
+    blob = base64.b64decode(public_line.split()[1])
+    digest = base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
+    return f"SHA256:{digest}"

@@ -14,5 +14,7 @@ def get(name: str, config: Config) -> Backend:
 
         return LocalBackend(config=config)
     if name == "kubernetes":
-        raise UsageError("the kubernetes backend is not available yet (issue: step 2)")
+        from devbox.backends.kubernetes import KubernetesBackend
+
+        return KubernetesBackend(config=config)
     raise UsageError(f"unknown backend {name!r}")

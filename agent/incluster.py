@@ -1,0 +1,80 @@
+"""Glue between the SSH server and its pod: adopt the owner a claim names, publish the
+host key, heartbeat the Lease. Kept apart so a local agent never loads `kubernetes`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import threading
+
+import asyncssh
+
+from agent.hostkey import fingerprint
+from agent.kube import PodLink, heartbeat_forever
+from agent.server import Agent
+from devbox import protocol
+
+log = logging.getLogger("devbox.agent.incluster")
+
+
+def _owner_dir(owner: str) -> str:
+    # Label values are already restricted to [A-Za-z0-9._-]; refuse anything that could
+    # climb out of the homes folder all the same.
+    if not owner or owner in (".", "..") or "/" in owner:
+        raise ValueError(f"unusable owner {owner!r}")
+    return owner
+
+
+async def start_link(agent: Agent, args: argparse.Namespace, *, host_line: str) -> threading.Event:
+    """Publish the host key, then follow the pod in a thread; returns the event that stops it."""
+    loop = asyncio.get_running_loop()
+    link = await asyncio.to_thread(
+        PodLink, pod=args.pod, namespace=args.namespace, kubeconfig=args.kubeconfig
+    )
+    await asyncio.to_thread(
+        link.annotate,
+        {protocol.ANN_HOST_KEY: host_line, protocol.ANN_HOST_KEY_FP: fingerprint(host_line)},
+    )
+    stop = threading.Event()
+    adopted: dict[str, str] = {}
+
+    def apply(labels: dict[str, str], annotations: dict[str, str]) -> None:
+        key_line = annotations.get(protocol.ANN_OWNER_KEY, "")
+        owner = labels.get(protocol.LABEL_OWNER, "")
+        if not key_line or not owner or adopted.get("key") == key_line:
+            return
+        try:
+            key = asyncssh.import_public_key(key_line)
+            home = args.home_root / _owner_dir(owner)
+        except (asyncssh.KeyImportError, ValueError) as exc:
+            log.error("cannot adopt the owner named on my pod: %s", exc)
+            return
+        home.mkdir(parents=True, exist_ok=True)
+        os.chdir(home)  # the SFTP server serves relative paths from here
+        box = agent.box
+        box.owner_key, box.home = key, home
+        box.name = labels.get(protocol.LABEL_BOX) or box.name
+        adopted["key"] = key_line
+        log.info("adopted owner %s (%s) for box %s", owner, key.get_fingerprint(), box.name)
+        # Off the event loop: the API call blocks. The claimer waits for this answer.
+        loop.run_in_executor(None, link.annotate, {protocol.ANN_OWNER_ACK: key.get_fingerprint()})
+
+    def on_change(labels: dict[str, str], annotations: dict[str, str]) -> None:
+        # The watch thread hands changes to the event loop: the agent's state has one owner.
+        loop.call_soon_threadsafe(apply, labels, annotations)
+
+    def activity() -> tuple[str, float, int]:
+        return agent.box.name, agent.activity.last_input, agent.activity.clients
+
+    threading.Thread(
+        target=link.follow, args=(on_change, stop), daemon=True, name="pod-watch"
+    ).start()
+    threading.Thread(
+        target=heartbeat_forever,
+        args=(link, activity, stop, args.heartbeat),
+        daemon=True,
+        name="lease",
+    ).start()
+    return stop

@@ -1,0 +1,334 @@
+"""The Kubernetes backend: a box is a pod running `devbox agent`, reached through the API
+server's port-forward, claimed from a warm pool when one is free."""
+
+from __future__ import annotations
+
+import builtins
+import getpass
+import random
+import socket
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+from kubernetes.stream import portforward
+
+from devbox import names
+from devbox import protocol as p
+from devbox.backends.kubernetes import api, capacity, pods
+from devbox.boxes import Box, BoxSpec, BoxState
+from devbox.config import Config
+from devbox.errors import DevboxError, ResourceError, UsageError
+from devbox.ssh import known_hosts
+from devbox.ssh.keys import ensure_user_key
+
+MERGE_PATCH = "application/merge-patch+json"
+POLL = 0.05  # seconds between looks at a pod that is starting; a warm claim takes a few
+
+
+def _stderr(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+class KubernetesBackend:
+    name = "kubernetes"
+
+    def __init__(self, *, config: Config, progress: Callable[[str], None] = _stderr) -> None:
+        self.config = config
+        self.progress = progress
+        self._cluster: api.Cluster | None = None
+
+    @property
+    def cluster(self) -> api.Cluster:
+        if self._cluster is None:
+            self._cluster = api.connect(
+                context=self.config.context, namespace=self.config.namespace
+            )
+        return self._cluster
+
+    @property
+    def owner(self) -> str:
+        return pods.label_value(getpass.getuser())
+
+    # --- lookups --------------------------------------------------------------------
+
+    def _pods(self, selector: str) -> builtins.list[Any]:
+        c = self.cluster
+        return list(c.core.list_namespaced_pod(c.namespace, label_selector=selector).items)
+
+    def _find(self, name: str) -> Any | None:
+        found = self._pods(f"{pods.MANAGED},{p.LABEL_BOX}={name}")
+        return found[0] if found else None
+
+    def _leases(self) -> dict[str, float]:
+        c = self.cluster
+        try:
+            items = c.coord.list_namespaced_lease(c.namespace, label_selector=pods.MANAGED).items
+        except ApiException:
+            return {}
+        out = {}
+        for lease in items:
+            ann = lease.metadata.annotations or {}
+            try:
+                out[lease.metadata.name] = float(ann.get(p.ANN_LAST_INPUT, 0))
+            except ValueError:
+                continue
+        return out
+
+    def list(self) -> builtins.list[Box]:
+        with api.errors(self.cluster):
+            mine = self._pods(
+                f"{pods.MANAGED},{p.LABEL_STATE}=claimed,{p.LABEL_OWNER}={self.owner}"
+            )
+            leases = self._leases()  # one request for all boxes, not one per box
+        boxes = [pods.to_box(pod, last_input=leases.get(pod.metadata.name, 0.0)) for pod in mine]
+        return sorted(boxes, key=lambda b: b.name)
+
+    def get(self, name: str) -> Box:
+        names.validate_name(name)
+        with api.errors(self.cluster):
+            pod = self._find(name)
+            leases = self._leases() if pod is not None else {}
+        if pod is None:
+            raise UsageError(f"no box named {name!r} in namespace {self.cluster.namespace!r}")
+        box = pods.to_box(pod, last_input=leases.get(pod.metadata.name, 0.0))
+        if box.owner != self.owner:
+            raise UsageError(f"box {name!r} belongs to {box.owner or 'the warm pool'}")
+        return box
+
+    def problems(self) -> builtins.list[str]:
+        return []
+
+    # --- claim ----------------------------------------------------------------------
+
+    def claim(self, spec: BoxSpec, *, name: str | None = None, port: int = 0) -> Box:
+        if port:
+            raise UsageError("--port applies to the local backend only")
+        owner_key = ensure_user_key()
+        c = self.cluster
+        deadline = time.monotonic() + self.config.start_timeout
+        with api.errors(c):
+            if name is None:
+                name = names.generate_name()
+            elif self._find(name) is not None:
+                raise UsageError(
+                    f"a box named {name!r} already exists in namespace {c.namespace!r}"
+                )
+            self._ensure_homes()
+            pod_name = self._claim_warm(spec, name, owner_key)
+            created = pod_name is None
+            if pod_name is None:
+                pod_name = self._create(spec, name, owner_key)
+            try:
+                box = self._wait_ready(
+                    pod_name, spec=spec, owner_fp=p.fingerprint(owner_key), deadline=deadline
+                )
+            except BaseException:
+                if created:  # nothing half-made is left behind
+                    self._delete(pod_name, wait=False)
+                raise
+        known_hosts.pin(box.name, box.host_key)
+        return box
+
+    def _ensure_homes(self) -> None:
+        c = self.cluster
+        try:
+            c.core.create_namespaced_persistent_volume_claim(
+                c.namespace, pods.homes_claim(self.config)
+            )
+        except ApiException as exc:
+            if exc.status != 409:  # 409: it exists, as it should after the first claim
+                raise
+
+    def _claim_warm(self, spec: BoxSpec, name: str, owner_key: str) -> str | None:
+        selector = (
+            f"{pods.MANAGED},{p.LABEL_STATE}=warm,"
+            f"{p.LABEL_PROFILE}={pods.label_value(spec.profile)},devbox.io/gpus={spec.gpus}"
+        )
+        ready = [
+            pod
+            for pod in self._pods(selector)
+            if pod.status
+            and pod.status.phase == "Running"
+            and not pod.metadata.deletion_timestamp
+            and (pod.metadata.annotations or {}).get(p.ANN_HOST_KEY)
+        ]
+        # Concurrent claimers start at different pods, so most first tries succeed.
+        random.shuffle(ready)
+        c = self.cluster
+        for pod in ready:
+            patch = pods.claim_patch(
+                resource_version=pod.metadata.resource_version,
+                box=name,
+                owner=self.owner,
+                owner_key=owner_key,
+            )
+            try:
+                c.core.patch_namespaced_pod(
+                    pod.metadata.name, c.namespace, patch, _content_type=MERGE_PATCH
+                )
+            except ApiException as exc:
+                if exc.status == 409:  # someone else claimed it first: try the next
+                    continue
+                raise
+            self.progress(f"claimed warm pod {pod.metadata.name}")
+            return str(pod.metadata.name)
+        return None
+
+    def _create(self, spec: BoxSpec, name: str, owner_key: str) -> str:
+        c = self.cluster
+        body = pods.box_pod(self.config, spec=spec, box=name, owner=self.owner, owner_key=owner_key)
+        try:
+            pod = c.core.create_namespaced_pod(c.namespace, body)
+        except ApiException as exc:
+            if exc.status == 409:
+                raise UsageError(
+                    f"a box named {name!r} already exists in namespace {c.namespace!r}"
+                ) from None
+            raise
+        self.progress(f"created pod {pod.metadata.name}; waiting for it to start")
+        return str(pod.metadata.name)
+
+    def _wait_ready(self, pod_name: str, *, spec: BoxSpec, owner_fp: str, deadline: float) -> Box:
+        """Follow the pod to Running with the agent serving the owner; say what happens."""
+        c = self.cluster
+        seen_events: set[str] = set()
+        said_unschedulable = False
+        while True:
+            pod = c.core.read_namespaced_pod(pod_name, c.namespace)
+            ann = pod.metadata.annotations or {}
+            box = pods.to_box(pod)
+            if (
+                box.state is BoxState.RUNNING
+                and ann.get(p.ANN_HOST_KEY)
+                and ann.get(p.ANN_OWNER_ACK) == owner_fp
+            ):
+                return box
+            if box.state is BoxState.FAILED:
+                raise DevboxError(f"box pod {pod_name} failed: {box.reason}")
+            self._report_events(pod_name, seen_events)
+            if box.state is BoxState.PENDING and box.reason and not said_unschedulable:
+                free = capacity.gpus_by_node(c.core)
+                most = max((n.allocatable for n in free), default=0) if free is not None else None
+                if most is not None and spec.gpus > most:
+                    raise ResourceError(
+                        f"no node can ever hold {spec.gpus} GPU(s): the largest has {most}; "
+                        f"{capacity.describe(free)}"
+                    )
+                self.progress(f"waiting for GPUs: {box.reason}; {capacity.describe(free)}")
+                said_unschedulable = True
+            if time.monotonic() > deadline:
+                why = f" ({box.reason})" if box.reason else ""
+                raise ResourceError(
+                    f"box pod {pod_name} was not ready within {self.config.start_timeout:g}s{why}"
+                )
+            time.sleep(POLL)
+
+    def _report_events(self, pod_name: str, seen: set[str]) -> None:
+        c = self.cluster
+        try:
+            events = c.core.list_namespaced_event(
+                c.namespace, field_selector=f"involvedObject.name={pod_name}"
+            ).items
+        except ApiException:
+            return
+        for event in sorted(events, key=lambda e: e.metadata.creation_timestamp or 0):
+            if event.metadata.uid in seen:
+                continue
+            seen.add(event.metadata.uid)
+            if event.reason in (
+                "Scheduled",
+                "Pulling",
+                "Pulled",
+                "Created",
+                "Started",
+                "FailedScheduling",
+                "Failed",
+                "BackOff",
+            ):
+                self.progress(f"  {event.reason}: {event.message}")
+
+    # --- release --------------------------------------------------------------------
+
+    def release(self, name: str, *, purge: bool = False) -> None:
+        box = self.get(name)
+        with api.errors(self.cluster):
+            self._delete(box.extra["pod"], wait=True)
+        known_hosts.unpin(name)
+        if purge:
+            self.progress("note: --purge keeps the homes volume on Kubernetes; it is shared")
+
+    def _delete(self, pod_name: str, *, wait: bool) -> None:
+        c = self.cluster
+        try:
+            c.core.delete_namespaced_pod(pod_name, c.namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                return
+            raise
+        deadline = time.monotonic() + 60
+        while wait and time.monotonic() < deadline:
+            try:
+                c.core.read_namespaced_pod(pod_name, c.namespace)
+            except ApiException as exc:
+                if exc.status == 404:
+                    return
+                raise
+            time.sleep(0.1)
+
+    # --- connect --------------------------------------------------------------------
+
+    def open_socket(self, box: Box) -> socket.socket:
+        c = self.cluster
+        with api.errors(c):
+            forward = portforward(
+                c.core.connect_get_namespaced_pod_portforward,
+                box.extra["pod"],
+                c.namespace,
+                ports=str(p.SSH_PORT),
+            )
+        # The client hands back a wrapper around one end of a socketpair whose other end
+        # its thread pumps into the websocket; asyncssh and the proxy want the socket.
+        sock: socket.socket = forward.socket(p.SSH_PORT)._socket
+        return sock
+
+    # --- warm pool ------------------------------------------------------------------
+
+    def pool(self) -> builtins.list[Box]:
+        with api.errors(self.cluster):
+            warm = self._pods(f"{pods.MANAGED},{p.LABEL_STATE}=warm")
+        return [pods.to_box(pod) for pod in warm]
+
+    def warm(self, spec: BoxSpec, *, size: int, wait: bool = True) -> builtins.list[Box]:
+        """Top the profile's pool up to `size` unclaimed pods; returns the pool."""
+        c = self.cluster
+        selector = (
+            f"{pods.MANAGED},{p.LABEL_STATE}=warm,"
+            f"{p.LABEL_PROFILE}={pods.label_value(spec.profile)},devbox.io/gpus={spec.gpus}"
+        )
+        with api.errors(c):
+            self._ensure_homes()
+            have = [x for x in self._pods(selector) if not x.metadata.deletion_timestamp]
+            for _ in range(max(0, size - len(have))):
+                c.core.create_namespaced_pod(c.namespace, pods.box_pod(self.config, spec=spec))
+            deadline = time.monotonic() + self.config.start_timeout
+            while wait:
+                current = [x for x in self._pods(selector) if not x.metadata.deletion_timestamp]
+                ready = [
+                    x
+                    for x in current
+                    if (x.metadata.annotations or {}).get(p.ANN_HOST_KEY)
+                    and x.status
+                    and x.status.phase == "Running"
+                ]
+                if len(ready) >= size:
+                    break
+                if time.monotonic() > deadline:
+                    raise ResourceError(
+                        f"only {len(ready)} of {size} warm pods became ready "
+                        f"within {self.config.start_timeout:g}s"
+                    )
+                time.sleep(0.2)
+            return [pods.to_box(x) for x in self._pods(selector)]

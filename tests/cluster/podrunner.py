@@ -1,0 +1,257 @@
+"""Plays kubelet-and-container-runtime for kwok's simulated nodes, for devbox pods only.
+
+kwok marks pods Running but runs nothing. For each Running devbox pod this starts a real
+local `devbox agent` with the pod's identity (it talks to the API server exactly as in a
+pod), points a kwok PortForward at it so that the API server's port-forward to the pod
+reaches it, gives it simulated GPUs (the NVML simulator, as many as the pod requested) and
+its home volume (a folder standing for the PersistentVolume). It stops the agent when the
+pod goes. It is also the provisioner of the `devbox-sim` StorageClass: a pending claim of
+that class gets a hostPath PersistentVolume made for it.
+
+    python -m tests.cluster.podrunner --kubeconfig K --data-dir D
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
+
+from tests import nvml_sim
+
+log = logging.getLogger("podrunner")
+REPO = Path(__file__).resolve().parents[2]
+STORAGE_CLASS = "devbox-sim"
+SELECTOR = "app.kubernetes.io/managed-by=devbox"
+SSH_PORT = 2222
+POLL = 0.1
+
+
+@dataclass
+class Agent:
+    proc: subprocess.Popen[bytes]
+    port: int
+    uid: str
+
+
+class Runner:
+    def __init__(self, kubeconfig: str, data: Path) -> None:
+        config.load_kube_config(config_file=kubeconfig)
+        self.kubeconfig = kubeconfig
+        self.core = client.CoreV1Api()
+        self.custom = client.CustomObjectsApi()
+        self.data = data
+        self.agents: dict[tuple[str, str], Agent] = {}
+        self.nvml_dir = data / "nvml"
+        nvml_sim.build(self.nvml_dir)
+        # Unix sockets (screen, tmux) need short paths.
+        self.short = Path("/tmp/dbxr") / hashlib.sha1(str(data).encode()).hexdigest()[:6]
+
+    # --- storage ----------------------------------------------------------------------
+
+    def provision(self) -> None:
+        for pvc in self.core.list_persistent_volume_claim_for_all_namespaces().items:
+            if pvc.spec.storage_class_name != STORAGE_CLASS or pvc.status.phase != "Pending":
+                continue
+            ns, name = pvc.metadata.namespace, pvc.metadata.name
+            pv_name = f"sim-{ns}-{name}"[:63]
+            path = self.data / "volumes" / pv_name
+            path.mkdir(parents=True, exist_ok=True)
+            path.chmod(0o777)
+            body = {
+                "apiVersion": "v1",
+                "kind": "PersistentVolume",
+                "metadata": {"name": pv_name, "labels": {"devbox.io/sim": "true"}},
+                "spec": {
+                    "capacity": {"storage": pvc.spec.resources.requests["storage"]},
+                    "accessModes": pvc.spec.access_modes,
+                    "storageClassName": STORAGE_CLASS,
+                    "persistentVolumeReclaimPolicy": "Retain",
+                    "hostPath": {"path": str(path)},
+                    "claimRef": {"namespace": ns, "name": name, "uid": pvc.metadata.uid},
+                },
+            }
+            try:
+                self.core.create_persistent_volume(body)
+                log.info("provisioned %s for %s/%s", pv_name, ns, name)
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise
+
+    def _home_root(self, pod: Any) -> Path | None:
+        for volume in pod.spec.volumes or []:
+            if volume.name == "homes" and volume.persistent_volume_claim:
+                pvc = self.core.read_namespaced_persistent_volume_claim(
+                    volume.persistent_volume_claim.claim_name, pod.metadata.namespace
+                )
+                if not pvc.spec.volume_name:
+                    return None
+                pv = self.core.read_persistent_volume(pvc.spec.volume_name)
+                return Path(pv.spec.host_path.path) if pv.spec.host_path else None
+        return None
+
+    # --- agents -----------------------------------------------------------------------
+
+    def start(self, pod: Any) -> None:
+        ns, name = pod.metadata.namespace, pod.metadata.name
+        home_root = self._home_root(pod)
+        if home_root is None:
+            return  # its volume is not bound yet; next round
+        gpus = 0
+        for c in pod.spec.containers:
+            gpus += int(
+                ((c.resources.limits or {}) if c.resources else {}).get("nvidia.com/gpu", 0)
+            )
+        key = hashlib.sha1(f"{ns}/{name}/{pod.metadata.uid}".encode()).hexdigest()[:8]
+        folder = self.short / key
+        folder.mkdir(parents=True, exist_ok=True)
+        screens = folder / "s"
+        screens.mkdir(mode=0o700, exist_ok=True)
+        nvml_sim.write_gpus(folder / "gpus", gpus)
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("STY", "TMUX"))}
+        env.update(
+            DEVBOX_NVML_SIM=str(folder / "gpus"),
+            LD_LIBRARY_PATH=str(self.nvml_dir),
+            SCREENDIR=str(screens),
+            TMUX_TMPDIR=str(folder),
+            PYTHONPATH=str(REPO),
+            POD_NAME=name,
+            POD_NAMESPACE=ns,
+        )
+        log_file = open(folder / "agent.log", "ab")  # noqa: SIM115 (the agent keeps it)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "devbox",
+                "agent",
+                "--pod",
+                name,
+                "--namespace",
+                ns,
+                "--kubeconfig",
+                self.kubeconfig,
+                "--listen",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--home-root",
+                str(home_root),
+                "--host-key",
+                str(folder / "host_key"),
+            ],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=log_file,
+            cwd=folder,
+            start_new_session=True,
+        )
+        log_file.close()
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        proc.stdout.close()
+        try:
+            frame = json.loads(line)
+            port = int(frame["port"])
+        except (ValueError, KeyError):
+            log.error("agent for %s/%s did not start: %r", ns, name, line)
+            proc.kill()
+            return
+        self.agents[(ns, name)] = Agent(proc, port, pod.metadata.uid)
+        self._forward(ns, name, port)
+        log.info("started agent for %s/%s on port %d (%d GPUs)", ns, name, port, gpus)
+
+    def _forward(self, ns: str, name: str, port: int) -> None:
+        body = {
+            "apiVersion": "kwok.x-k8s.io/v1alpha1",
+            "kind": "PortForward",
+            "metadata": {"name": name, "namespace": ns},
+            "spec": {
+                "forwards": [
+                    {"ports": [SSH_PORT], "target": {"address": "127.0.0.1", "port": port}}
+                ]
+            },
+        }
+        with contextlib.suppress(ApiException):
+            self.custom.delete_namespaced_custom_object(
+                "kwok.x-k8s.io", "v1alpha1", ns, "portforwards", name
+            )
+        self.custom.create_namespaced_custom_object(
+            "kwok.x-k8s.io", "v1alpha1", ns, "portforwards", body
+        )
+
+    def stop(self, key: tuple[str, str]) -> None:
+        agent = self.agents.pop(key)
+        agent.proc.terminate()
+        try:
+            agent.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            agent.proc.kill()
+            agent.proc.wait()
+        with contextlib.suppress(ApiException):
+            self.custom.delete_namespaced_custom_object(
+                "kwok.x-k8s.io", "v1alpha1", key[0], "portforwards", key[1]
+            )
+        log.info("stopped agent for %s/%s", *key)
+
+    def sync(self) -> None:
+        self.provision()
+        pods = self.core.list_pod_for_all_namespaces(label_selector=SELECTOR).items
+        live = {}
+        for pod in pods:
+            key = (pod.metadata.namespace, pod.metadata.name)
+            if pod.metadata.deletion_timestamp or pod.status.phase != "Running":
+                continue
+            live[key] = pod.metadata.uid
+        for key in list(self.agents):
+            agent = self.agents[key]
+            if live.get(key) != agent.uid or agent.proc.poll() is not None:
+                self.stop(key)
+        for key in live:
+            if key not in self.agents:
+                pod = next(p for p in pods if (p.metadata.namespace, p.metadata.name) == key)
+                try:
+                    self.start(pod)
+                except Exception:
+                    log.exception("starting the agent for %s/%s failed", *key)
+
+    def run(self) -> None:
+        stopping = []
+        signal.signal(signal.SIGTERM, lambda *_: stopping.append(1))
+        while not stopping:
+            try:
+                self.sync()
+            except Exception as exc:  # API server restarting, say: keep going
+                log.warning("sync failed: %s", exc)
+                time.sleep(1)
+            time.sleep(POLL)
+        for key in list(self.agents):
+            self.stop(key)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--kubeconfig", required=True)
+    parser.add_argument("--data-dir", required=True, type=Path)
+    args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    args.data_dir.mkdir(parents=True, exist_ok=True)
+    Runner(args.kubeconfig, args.data_dir.resolve()).run()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,157 @@
+"""The Kubernetes backend against a real API server, scheduler and controller manager,
+with kwok's simulated GPU nodes and real agents reached through the API server's
+port-forward (client -> API server -> kwok -> agent)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from tests.conftest import REPO, make_user
+from tests.k8s.conftest import Cluster, KubeUser, configure, new_namespace
+
+
+def _one_line_error(result: subprocess.CompletedProcess[bytes], code: int) -> str:
+    err = result.stderr.decode()
+    assert result.returncode == code, err
+    lines = [ln for ln in err.splitlines() if ln.startswith("devbox: error: ")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def test_up_ssh_and_openssh_through_the_port_forward(kube: KubeUser) -> None:
+    box = json.loads(
+        kube.devbox("up", "k1", "--gpus", "1", "--no-attach", "--json", check=True).stdout
+    )
+    assert box["backend"] == "kubernetes" and box["state"] == "running"
+    assert box["spec"]["gpus"] == 1 and box["host_key_fingerprint"].startswith("SHA256:")
+    hi = kube.devbox("ssh", "k1", "--", "echo", "hi", check=True)
+    assert hi.stdout == b"hi\n"
+    kube.devbox("ssh-config", "--write", check=True)
+    plain = kube.user.ssh("k1.devbox", "echo $DEVBOX_BOX; pwd")
+    assert plain.returncode == 0, plain.stderr
+    name, home = plain.stdout.decode().split()
+    assert name == "k1" and home.endswith("/" + box["owner"])
+    listing = json.loads(kube.devbox("ls", "--json", check=True).stdout)
+    assert [(b["name"], b["state"]) for b in listing] == [("k1", "running")]
+    kube.devbox("down", "k1", check=True)
+    assert json.loads(kube.devbox("ls", "--json", check=True).stdout) == []
+
+
+def test_twenty_claims_against_a_warm_pool_of_five(kube: KubeUser) -> None:
+    warm = kube.devbox("pool", "warm", "--size", "5", "--json", check=True)
+    pool = {b["extra"]["pod"] for b in json.loads(warm.stdout)}
+    assert len(pool) == 5
+
+    def claim(i: int) -> subprocess.CompletedProcess[bytes]:
+        return kube.devbox("up", f"c{i}", "--no-attach", "--json", timeout=300)
+
+    with ThreadPoolExecutor(max_workers=20) as threads:
+        results = list(threads.map(claim, range(20)))
+    assert all(r.returncode == 0 for r in results), [r.stderr[-500:] for r in results]
+    boxes = [json.loads(r.stdout) for r in results]
+    pods = [b["extra"]["pod"] for b in boxes]
+    assert len(set(pods)) == 20, "a pod was claimed twice"
+    assert set(pods) & pool == pool, "every warm pod was claimed"
+    assert sum(p.startswith("devbox-warm-") for p in pods) == 5
+    assert json.loads(kube.devbox("pool", "ls", "--json", check=True).stdout) == []
+    # A claimed warm pod serves its new owner.
+    from_pool = next(b for b in boxes if b["extra"]["pod"].startswith("devbox-warm-"))
+    out = kube.devbox("ssh", from_pool["name"], "--", "echo $DEVBOX_BOX", check=True)
+    assert out.stdout.decode().strip() == from_pool["name"]
+
+
+def test_more_gpus_than_any_node_has(kube: KubeUser) -> None:
+    start = time.monotonic()
+    result = kube.devbox("up", "huge", "--gpus", "9", "--no-attach")
+    line = _one_line_error(result, 1)
+    assert "no node can ever hold 9 GPU(s): the largest has 8" in line
+    assert "free" in line
+    assert time.monotonic() - start < 60  # said at once, not after the start timeout
+    pods = kube.cluster.kubectl_run("get", "pods", "-n", kube.namespace, "-o", "name")
+    assert pods.stdout.strip() == b""
+
+
+def test_home_survives_down_and_up(kube: KubeUser) -> None:
+    kube.devbox("up", "h1", "--no-attach", check=True)
+    kube.devbox("ssh", "h1", "--", "echo kept > notes.txt", check=True)
+    kube.devbox("down", "h1", check=True)
+    kube.devbox("up", "h1", "--no-attach", check=True)
+    again = kube.devbox("ssh", "h1", "--", "cat notes.txt", check=True)
+    assert again.stdout == b"kept\n"
+
+
+def test_agent_publishes_and_heartbeats(kube: KubeUser) -> None:
+    box = json.loads(kube.devbox("up", "beat", "--no-attach", "--json", check=True).stdout)
+    pod = json.loads(
+        kube.cluster.kubectl_run(
+            "get", "pod", "-n", kube.namespace, box["extra"]["pod"], "-o", "json"
+        ).stdout
+    )
+    ann = pod["metadata"]["annotations"]
+    assert ann["devbox.io/host-key-fingerprint"] == box["host_key_fingerprint"]
+    assert ann["devbox.io/owner-ack"].startswith("SHA256:")
+    assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+    deadline = time.monotonic() + 30
+    while True:
+        lease = kube.cluster.kubectl_run(
+            "get", "lease", "-n", kube.namespace, box["extra"]["pod"], "-o", "json"
+        )
+        if lease.returncode == 0:
+            break
+        assert time.monotonic() < deadline, lease.stderr
+        time.sleep(0.5)
+    spec = json.loads(lease.stdout)
+    assert spec["spec"]["holderIdentity"] == box["extra"]["pod"]
+    assert float(spec["metadata"]["annotations"]["devbox.io/last-input"]) > 0
+
+
+def test_bad_cluster_input(kube: KubeUser, tmp_path: Path) -> None:
+    _one_line_error(kube.devbox("ls", "--context", "no-such-context"), 2)
+    missing = _one_line_error(kube.devbox("up", "x", "--namespace", "no-such-ns", "--no-attach"), 2)
+    assert "no-such-ns" in missing
+    unreachable = tmp_path / "unreachable.yaml"
+    unreachable.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        "clusters: [{name: c, cluster: {server: 'https://127.0.0.1:1', "
+        "insecure-skip-tls-verify: true}}]\n"
+        "users: [{name: u, user: {token: x}}]\n"
+        "contexts: [{name: c, context: {cluster: c, user: u}}]\n"
+    )
+    kube.user.env["KUBECONFIG"] = str(unreachable)
+    line = _one_line_error(kube.devbox("ls"), 1)
+    assert "cannot reach the Kubernetes API server at https://127.0.0.1:1" in line
+
+
+def test_forbidden_without_rbac_and_enough_with_the_user_role(
+    cluster: Cluster, tmp_path: Path, nvml_lib_dir: Path
+) -> None:
+    outsider = make_user(tmp_path / "r", nvml_lib_dir)
+    ns = new_namespace(cluster)
+    configure(outsider, ns, cluster.restricted)
+    try:
+        line = _one_line_error(outsider.devbox("up", "r1", "--no-attach"), 1)
+        assert "forbidden by the cluster's RBAC" in line
+        # The documented least-privilege Role is enough for the whole cycle.
+        role = cluster.kubectl_run("apply", "-n", ns, "-f", str(REPO / "images/k8s/user-role.yaml"))
+        assert role.returncode == 0, role.stderr
+        bound = cluster.kubectl_run(
+            "create",
+            "rolebinding",
+            "-n",
+            ns,
+            "devbox-users",
+            "--role",
+            "devbox-user",
+            "--user",
+            "devbox-restricted",
+        )
+        assert bound.returncode == 0, bound.stderr
+        outsider.devbox("up", "r1", "--no-attach", check=True)
+        assert outsider.devbox("ssh", "r1", "--", "echo", "ok", check=True).stdout == b"ok\n"
+        outsider.devbox("down", "r1", check=True)
+    finally:
+        cluster.kubectl_run("delete", "namespace", ns, "--wait=false")
