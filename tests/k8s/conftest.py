@@ -3,9 +3,11 @@ per test with the agent's RBAC applied by kubectl, and a devbox user pointed at 
 
 from __future__ import annotations
 
+import fcntl
 import os
 import secrets
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,12 +37,14 @@ class Cluster:
         )
 
 
-@pytest.fixture(scope="session")
-def cluster() -> Cluster:
-    """The test control plane, started once for all xdist workers (up is idempotent)."""
-    # The script serialises concurrent `up`s itself (a flock) and is a no-op when up.
+def _start(folder: Path | None = None) -> Cluster:
+    """`scripts/test-cluster up` (a no-op when up; it serialises concurrent calls itself)."""
+    env = dict(os.environ)
+    if folder is not None:
+        env["DEVBOX_TEST_CLUSTER_DIR"] = str(folder)
     up = subprocess.run(
         [str(REPO / "scripts/test-cluster"), "up"],
+        env=env,
         capture_output=True,
         text=True,
         timeout=1800,
@@ -55,9 +59,40 @@ def cluster() -> Cluster:
         .stdout.strip()
         .splitlines()[-1]
     )
-    return Cluster(
-        CLUSTER_DIR / "kubeconfig", CLUSTER_DIR / "kubeconfig-restricted", Path(bin_dir) / "kubectl"
-    )
+    where = folder or CLUSTER_DIR
+    made = Cluster(where / "kubeconfig", where / "kubeconfig-restricted", Path(bin_dir) / "kubectl")
+    # The administrator's one-time objects, as images/k8s documents them.
+    applied = made.kubectl_run("apply", "-f", str(REPO / "images/k8s/cluster.yaml"))
+    assert applied.returncode == 0, applied.stderr
+    return made
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Cluster:
+    """The shared test control plane, started once for all xdist workers."""
+    return _start()
+
+
+@pytest.fixture
+def private_cluster(cluster: Cluster) -> Iterator[Cluster]:
+    """A control plane of the test's own, for tests that fill it or restart it.
+
+    One at a time (a lock across xdist workers): two kwokctl clusters starting at the
+    same moment can pick the same free port for a component."""
+    lock = open("/tmp/devbox-private-cluster.lock", "w")  # noqa: SIM115 (held until teardown)
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    folder = Path(tempfile.mkdtemp(prefix="dbxp", dir="/tmp")) / "cluster"
+    try:
+        yield _start(folder)
+    finally:
+        subprocess.run(
+            [str(REPO / "scripts/test-cluster"), "down"],
+            env=dict(os.environ, DEVBOX_TEST_CLUSTER_DIR=str(folder)),
+            capture_output=True,
+            timeout=120,
+            check=False,
+        )
+        lock.close()
 
 
 @dataclass
@@ -95,10 +130,15 @@ def configure(user: User, namespace: str, kubeconfig: Path) -> None:
     )
 
 
+def kube_user(cluster: Cluster, folder: Path, nvml_lib_dir: Path) -> KubeUser:
+    ns = new_namespace(cluster)
+    user = make_user(folder, nvml_lib_dir)
+    configure(user, ns, cluster.kubeconfig)
+    return KubeUser(user, ns, cluster)
+
+
 @pytest.fixture
 def kube(cluster: Cluster, tmp_path: Path, nvml_lib_dir: Path) -> Iterator[KubeUser]:
-    ns = new_namespace(cluster)
-    user = make_user(tmp_path / "k", nvml_lib_dir)
-    configure(user, ns, cluster.kubeconfig)
-    yield KubeUser(user, ns, cluster)
-    cluster.kubectl_run("delete", "namespace", ns, "--wait=false")
+    made = kube_user(cluster, tmp_path / "k", nvml_lib_dir)
+    yield made
+    cluster.kubectl_run("delete", "namespace", made.namespace, "--wait=false")

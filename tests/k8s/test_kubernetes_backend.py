@@ -10,8 +10,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import REPO, make_user
-from tests.k8s.conftest import Cluster, KubeUser, configure, new_namespace
+from tests.k8s.conftest import Cluster, KubeUser, configure, kube_user, new_namespace
 
 
 def _one_line_error(result: subprocess.CompletedProcess[bytes], code: int) -> str:
@@ -23,9 +25,10 @@ def _one_line_error(result: subprocess.CompletedProcess[bytes], code: int) -> st
 
 
 def test_up_ssh_and_openssh_through_the_port_forward(kube: KubeUser) -> None:
-    box = json.loads(
-        kube.devbox("up", "k1", "--gpus", "1", "--no-attach", "--json", check=True).stdout
-    )
+    up = kube.devbox("up", "k1", "--gpus", "1", "--no-attach", "--json", check=True)
+    box = json.loads(up.stdout)
+    # Progress from the pod's events: the scheduler's decision is shown.
+    assert b"created pod devbox-k1" in up.stderr and b"Scheduled:" in up.stderr
     assert box["backend"] == "kubernetes" and box["state"] == "running"
     assert box["spec"]["gpus"] == 1 and box["host_key_fingerprint"].startswith("SHA256:")
     hi = kube.devbox("ssh", "k1", "--", "echo", "hi", check=True)
@@ -155,3 +158,24 @@ def test_forbidden_without_rbac_and_enough_with_the_user_role(
         outsider.devbox("down", "r1", check=True)
     finally:
         cluster.kubectl_run("delete", "namespace", ns, "--wait=false")
+
+
+@pytest.mark.timeout(400)  # starts a control plane of its own
+def test_timeout_ends_the_wait_for_busy_gpus(
+    private_cluster: Cluster, tmp_path: Path, nvml_lib_dir: Path
+) -> None:
+    kube = kube_user(private_cluster, tmp_path / "p", nvml_lib_dir)
+    # Fill a cluster of our own: four 8-GPU nodes and the 2-GPU one.
+    for name, gpus in (("big0", 8), ("big1", 8), ("big2", 8), ("big3", 8), ("hog", 2)):
+        kube.devbox("up", name, "--gpus", str(gpus), "--no-attach", check=True)
+    start = time.monotonic()
+    late = kube.devbox("up", "late", "--gpus", "2", "--no-attach", "--timeout", "4")
+    line = _one_line_error(late, 1)
+    assert time.monotonic() - start < 40
+    assert "was not ready within 4s" in line and "Insufficient nvidia.com/gpu" in line
+    assert b"waiting for GPUs" in late.stderr and b"0 GPU(s) free" in late.stderr
+    pods = kube.cluster.kubectl_run("get", "pods", "-n", kube.namespace, "-o", "name")
+    assert b"devbox-late" not in pods.stdout  # the waiting pod was withdrawn
+    # Freeing GPUs lets the same claim through.
+    kube.devbox("down", "hog", check=True)
+    kube.devbox("up", "late", "--gpus", "2", "--no-attach", "--timeout", "60", check=True)

@@ -31,9 +31,13 @@ def connect(*, context: str = "", namespace: str = "") -> Cluster:
     """Load credentials as kubectl does: $KUBECONFIG or ~/.kube/config, else in-cluster."""
     configuration = client.Configuration()
     try:
-        if os.environ.get("KUBECONFIG") or os.path.exists(os.path.expanduser("~/.kube/config")):
-            config.load_kube_config(context=context or None, client_configuration=configuration)
-            contexts, current = config.list_kube_config_contexts()
+        # Read $KUBECONFIG now: the client reads it once, when it is first imported.
+        files = os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
+        if os.environ.get("KUBECONFIG") or os.path.exists(files):
+            config.load_kube_config(
+                config_file=files, context=context or None, client_configuration=configuration
+            )
+            contexts, current = config.list_kube_config_contexts(config_file=files)
             chosen = next(
                 (c for c in contexts if c["name"] == (context or current["name"])), current
             )
