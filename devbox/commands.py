@@ -144,7 +144,12 @@ def proxy(args: argparse.Namespace) -> int:
     from devbox.ssh.proxy import bridge
 
     backend = _backend(args)
-    bridge(_open(backend, backend.get(args.name)))
+    box = backend.get(args.name)
+    direct = getattr(backend, "bridge_stdio", None)
+    if direct is not None:  # the kubernetes backend pumps its WebSocket onto stdio itself
+        direct(box)
+        return 0
+    bridge(_open(backend, box))
     return 0
 
 

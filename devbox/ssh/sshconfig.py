@@ -21,6 +21,13 @@ def _quote(value: str) -> str:
     return f'"{value}"' if any(c.isspace() for c in value) else value
 
 
+def _where(box: Box) -> str:
+    # A Kubernetes box lives in one namespace: pin it, so the alias keeps working whatever
+    # namespace later commands default to.
+    ns = box.extra.get("namespace")
+    return f" --namespace {ns}" if box.backend == "kubernetes" and ns else ""
+
+
 def render(boxes: Iterable[Box]) -> str:
     # `python -m devbox`, not a bare `devbox`: VS Code and other tools run ssh with
     # a PATH that may not contain the console script.
@@ -30,7 +37,7 @@ def render(boxes: Iterable[Box]) -> str:
         out.append(
             f"\nHost {alias(box.name)}\n"
             f"  User {box.owner}\n"
-            f"  ProxyCommand {proxy.format(backend=box.backend, name=box.name)}\n"
+            f"  ProxyCommand {proxy.format(backend=box.backend, name=box.name)}{_where(box)}\n"
             f"  IdentityFile {_quote(str(paths.user_key_file()))}\n"
             "  IdentitiesOnly yes\n"
             f"  UserKnownHostsFile {_quote(str(paths.known_hosts_file()))}\n"

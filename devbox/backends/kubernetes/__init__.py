@@ -16,11 +16,10 @@ from typing import Any
 import urllib3
 from kubernetes import watch as k8s_watch
 from kubernetes.client.exceptions import ApiException
-from kubernetes.stream import portforward
 
 from devbox import names
 from devbox import protocol as p
-from devbox.backends.kubernetes import api, capacity, pods
+from devbox.backends.kubernetes import api, capacity, pods, portforward
 from devbox.boxes import Box, BoxSpec, BoxState
 from devbox.config import Config
 from devbox.errors import DevboxError, ResourceError, UsageError
@@ -341,17 +340,16 @@ class KubernetesBackend:
 
     def open_socket(self, box: Box) -> socket.socket:
         c = self.cluster
-        with api.errors(c):
-            forward = portforward(
-                c.core.connect_get_namespaced_pod_portforward,
-                box.extra["pod"],
-                c.namespace,
-                ports=str(p.SSH_PORT),
-            )
-        # The client hands back a wrapper around one end of a socketpair whose other end
-        # its thread pumps into the websocket; asyncssh and the proxy want the socket.
-        sock: socket.socket = forward.socket(p.SSH_PORT)._socket
-        return sock
+        return portforward.open_socket(
+            c.api_client.configuration, namespace=c.namespace, pod=box.extra["pod"], port=p.SSH_PORT
+        )
+
+    def bridge_stdio(self, box: Box) -> None:
+        """`devbox proxy`: stdin/stdout straight onto the port-forward's WebSocket."""
+        c = self.cluster
+        portforward.bridge_stdio(
+            c.api_client.configuration, namespace=c.namespace, pod=box.extra["pod"], port=p.SSH_PORT
+        )
 
     # --- warm pool ------------------------------------------------------------------
 

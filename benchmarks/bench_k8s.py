@@ -1,0 +1,165 @@
+"""Kubernetes backend on the simulated cluster (scripts/test-cluster, a private one).
+
+1. Claim to a shell: `devbox up NAME --no-attach` + `devbox ssh NAME -- true`, from the
+   warm pool vs a cold pod create (targets: warm <= 0.3x cold, warm median < 1 s).
+2. Throughput to the same agent: devbox's path (ssh through `devbox proxy`, the official
+   client's port-forward) vs `kubectl port-forward` (built from the same Kubernetes
+   module) with the same ssh client (target >= 1.0x).
+    python benchmarks/bench_k8s.py [--runs 6] [--mib 64]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from harness import REPO, devbox_command, emit, free_port, sandbox, ssh_base, summary
+
+
+@contextlib.contextmanager
+def private_cluster() -> Iterator[tuple[Path, Path]]:
+    folder = Path(tempfile.mkdtemp(prefix="dbxb", dir="/tmp")) / "cluster"
+    env = dict(os.environ, DEVBOX_TEST_CLUSTER_DIR=str(folder), PYTHON=sys.executable)
+    subprocess.run(
+        [str(REPO / "scripts/test-cluster"), "up"], env=env, check=True, stdout=subprocess.DEVNULL
+    )
+    bin_dir = Path(
+        subprocess.run(
+            [str(REPO / "tests/cluster/build.sh")], capture_output=True, text=True, check=True
+        ).stdout.split()[-1]
+    )
+    try:
+        yield folder / "kubeconfig", bin_dir / "kubectl"
+    finally:
+        subprocess.run(
+            [str(REPO / "scripts/test-cluster"), "down"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+
+
+def _wall(argv: list[str], env: dict[str, str]) -> float:
+    start = time.perf_counter()
+    subprocess.run(
+        argv,
+        env=env,
+        check=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    return time.perf_counter() - start
+
+
+def _download(base: list[str], env: dict[str, str], mib: int, repeat: int) -> float:
+    best = float("inf")
+    for _ in range(repeat):
+        best = min(best, _wall([*base, f"head -c {mib << 20} /dev/zero"], env))
+    return mib / best
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=6)
+    parser.add_argument("--mib", type=int, default=64)
+    args = parser.parse_args()
+    devbox = devbox_command()
+    with private_cluster() as (kubeconfig, kubectl), sandbox() as sb:
+        ns = "bench"
+        k = [str(kubectl), "--kubeconfig", str(kubeconfig)]
+        subprocess.run([*k, "create", "namespace", ns], check=True, capture_output=True)
+        subprocess.run(
+            [
+                *k,
+                "apply",
+                "-n",
+                ns,
+                "-f",
+                str(REPO / "images/k8s/agent-rbac.yaml"),
+                "-f",
+                str(REPO / "images/k8s/cluster.yaml"),
+            ],
+            check=True,
+            capture_output=True,
+        )
+        sb.env.update(KUBECONFIG=str(kubeconfig), DEVBOX_BACKEND="kubernetes")
+        cfg = Path(sb.env["HOME"]) / ".config/devbox/config.toml"
+        cfg.parent.mkdir(parents=True, exist_ok=True)
+        cfg.write_text(
+            f'namespace = "{ns}"\nhome_storage_class = "devbox-sim"\n'
+            'image = "devbox/box:bench"\nstart_timeout = 120\n'
+        )
+        sb.devbox("up", "warmup", "--no-attach")
+        sb.devbox("down", "warmup")
+
+        cold_up, cold_ssh, warm_up, warm_ssh = [], [], [], []
+        for i in range(args.runs):
+            cold_up.append(_wall([*devbox, "up", f"cold{i}", "--no-attach"], sb.env))
+            cold_ssh.append(_wall([*devbox, "ssh", f"cold{i}", "--", "true"], sb.env))
+            sb.devbox("pool", "warm", "--size", "1")  # waits until the warm pod serves
+            warm_up.append(_wall([*devbox, "up", f"warm{i}", "--no-attach"], sb.env))
+            warm_ssh.append(_wall([*devbox, "ssh", f"warm{i}", "--", "true"], sb.env))
+        cold = [a + b for a, b in zip(cold_up, cold_ssh, strict=True)]
+        warm = [a + b for a, b in zip(warm_up, warm_ssh, strict=True)]
+
+        # Throughput: both paths end at the same agent and use the same OpenSSH client.
+        box = json.loads(sb.devbox("up", "tput", "--no-attach", "--json").stdout)
+        sb.devbox("ssh-config", "--write")
+        ours = ["ssh", "-F", str(Path(sb.env["HOME"]) / ".config/devbox/ssh_config"), "tput.devbox"]
+        port = free_port()
+        forward = subprocess.Popen(
+            [*k, "port-forward", "-n", ns, f"pod/{box['extra']['pod']}", f"{port}:2222"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        try:
+            deadline = time.monotonic() + 30
+            while True:
+                with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port)):
+                    break
+                assert time.monotonic() < deadline, "kubectl port-forward did not start"
+                time.sleep(0.1)
+            known = Path(sb.env["HOME"]) / ".local/state/devbox/known_hosts"
+            theirs = ssh_base(sb.key, known, port, alias="tput.devbox")
+            devbox_mbps = _download(ours, sb.env, args.mib, 3)
+            kubectl_mbps = _download(theirs, sb.env, args.mib, 3)
+        finally:
+            forward.terminate()
+            forward.wait()
+    emit(
+        {
+            "benchmark": "kubernetes",
+            "runs": args.runs,
+            "cold_up_s": summary(cold_up),
+            "cold_first_ssh_s": summary(cold_ssh),
+            "cold_claim_to_shell_s": summary(cold),
+            "warm_up_s": summary(warm_up),
+            "warm_first_ssh_s": summary(warm_ssh),
+            "warm_claim_to_shell_s": summary(warm),
+            "warm_over_cold": summary(warm)["median"] / summary(cold)["median"],
+            "targets": {
+                "warm_over_cold": 0.3,
+                "warm_claim_to_shell_median_s": 1.0,
+                "throughput_ratio": 1.0,
+            },
+            "throughput_MBps": {
+                "devbox_port_forward": devbox_mbps,
+                "kubectl_port_forward": kubectl_mbps,
+            },
+            "throughput_ratio": devbox_mbps / kubectl_mbps,
+        }
+    )
+
+
+if __name__ == "__main__":
+    main()
