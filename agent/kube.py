@@ -21,8 +21,6 @@ from devbox import protocol
 log = logging.getLogger("devbox.agent.kube")
 
 LEASE_SECONDS = 30
-# The generated client would pick JSON Patch for a dict body; say what the body is.
-MERGE_PATCH = "application/merge-patch+json"
 
 
 class PodLink:
@@ -41,7 +39,6 @@ class PodLink:
             self.pod,
             self.namespace,
             {"metadata": {"annotations": annotations}},
-            _content_type=MERGE_PATCH,
         )
 
     def read(self) -> tuple[dict[str, str], dict[str, str], str]:
@@ -112,9 +109,7 @@ class PodLink:
             },
         }
         try:
-            self.coord.patch_namespaced_lease(
-                self.pod, self.namespace, body, _content_type=MERGE_PATCH
-            )
+            self.coord.patch_namespaced_lease(self.pod, self.namespace, body)
         except ApiException as exc:
             if exc.status != 404:
                 raise

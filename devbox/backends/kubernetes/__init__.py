@@ -26,7 +26,6 @@ from devbox.errors import DevboxError, ResourceError, UsageError
 from devbox.ssh import known_hosts
 from devbox.ssh.keys import ensure_user_key
 
-MERGE_PATCH = "application/merge-patch+json"
 POLL = 0.05  # seconds between looks at a pod that is starting; a warm claim takes a few
 
 
@@ -224,9 +223,7 @@ class KubernetesBackend:
                 owner_key=owner_key,
             )
             try:
-                c.core.patch_namespaced_pod(
-                    pod.metadata.name, c.namespace, patch, _content_type=MERGE_PATCH
-                )
+                c.core.patch_namespaced_pod(pod.metadata.name, c.namespace, patch)
             except ApiException as exc:
                 if exc.status == 409:  # someone else claimed it first: try the next
                     continue
