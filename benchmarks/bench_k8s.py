@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from harness import REPO, devbox_command, emit, free_port, sandbox, ssh_base, summary
+from harness import REPO, devbox_command, emit, free_port, sandbox, ssh_base, summary, wall
 
 
 @contextlib.contextmanager
@@ -48,23 +48,10 @@ def private_cluster() -> Iterator[tuple[Path, Path]]:
         )
 
 
-def _wall(argv: list[str], env: dict[str, str]) -> float:
-    start = time.perf_counter()
-    subprocess.run(
-        argv,
-        env=env,
-        check=True,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    return time.perf_counter() - start
-
-
 def _download(base: list[str], env: dict[str, str], mib: int, repeat: int) -> float:
     best = float("inf")
     for _ in range(repeat):
-        best = min(best, _wall([*base, f"head -c {mib << 20} /dev/zero"], env))
+        best = min(best, wall([*base, f"head -c {mib << 20} /dev/zero"], env))
     return mib / best
 
 
@@ -104,11 +91,11 @@ def main() -> None:
 
         cold_up, cold_ssh, warm_up, warm_ssh = [], [], [], []
         for i in range(args.runs):
-            cold_up.append(_wall([*devbox, "up", f"cold{i}", "--no-attach"], sb.env))
-            cold_ssh.append(_wall([*devbox, "ssh", f"cold{i}", "--", "true"], sb.env))
+            cold_up.append(wall([*devbox, "up", f"cold{i}", "--no-attach"], sb.env))
+            cold_ssh.append(wall([*devbox, "ssh", f"cold{i}", "--", "true"], sb.env))
             sb.devbox("pool", "warm", "--size", "1")  # waits until the warm pod serves
-            warm_up.append(_wall([*devbox, "up", f"warm{i}", "--no-attach"], sb.env))
-            warm_ssh.append(_wall([*devbox, "ssh", f"warm{i}", "--", "true"], sb.env))
+            warm_up.append(wall([*devbox, "up", f"warm{i}", "--no-attach"], sb.env))
+            warm_ssh.append(wall([*devbox, "ssh", f"warm{i}", "--", "true"], sb.env))
         cold = [a + b for a, b in zip(cold_up, cold_ssh, strict=True)]
         warm = [a + b for a, b in zip(warm_up, warm_ssh, strict=True)]
 

@@ -9,24 +9,9 @@
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
-import time
 
-from harness import devbox_command, emit, sandbox, ssh_base, sshd, summary
-
-
-def _wall(argv: list[str], env: dict[str, str]) -> float:
-    start = time.perf_counter()
-    subprocess.run(
-        argv,
-        env=env,
-        check=True,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    return time.perf_counter() - start
+from harness import devbox_command, emit, sandbox, ssh_base, sshd, summary, wall
 
 
 def main() -> None:
@@ -40,21 +25,21 @@ def main() -> None:
         up, ssh_true, total = [], [], []
         for i in range(args.runs):
             name = f"b{i}"
-            t_up = _wall([*devbox, "up", name, "--no-attach"], sb.env)
-            t_ssh = _wall([*devbox, "ssh", name, "--", "true"], sb.env)
+            t_up = wall([*devbox, "up", name, "--no-attach"], sb.env)
+            t_ssh = wall([*devbox, "ssh", name, "--", "true"], sb.env)
             up.append(t_up)
             ssh_true.append(t_ssh)
             total.append(t_up + t_ssh)
             sb.devbox("down", name, "--purge")
         sb.devbox("up", "steady", "--no-attach")
         warm_ssh = [
-            _wall([*devbox, "ssh", "steady", "--", "true"], sb.env) for _ in range(args.runs)
+            wall([*devbox, "ssh", "steady", "--", "true"], sb.env) for _ in range(args.runs)
         ]
         with sshd(sb.root, sb.key.with_name("id_ed25519.pub")) as peer:
             openssh = ssh_base(sb.key, peer.known_hosts, peer.port)
-            openssh_true = [_wall([*openssh, "true"], sb.env) for _ in range(args.runs)]
-        help_ = [_wall([*devbox, "--help"], sb.env) for _ in range(args.runs)]
-        bare = [_wall([sys.executable, "-c", "pass"], sb.env) for _ in range(args.runs)]
+            openssh_true = [wall([*openssh, "true"], sb.env) for _ in range(args.runs)]
+        help_ = [wall([*devbox, "--help"], sb.env) for _ in range(args.runs)]
+        bare = [wall([sys.executable, "-c", "pass"], sb.env) for _ in range(args.runs)]
     emit(
         {
             "benchmark": "startup",

@@ -149,6 +149,20 @@ def ssh_base(key: Path, known_hosts: Path, port: int, alias: str | None = None) 
     return [*opts, "127.0.0.1"]
 
 
+def wall(argv: list[str], env: dict[str, str]) -> float:
+    """Seconds one command takes, its output discarded."""
+    start = time.perf_counter()
+    subprocess.run(
+        argv,
+        env=env,
+        check=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    return time.perf_counter() - start
+
+
 def summary(samples: list[float]) -> dict[str, float]:
     ordered = sorted(samples)
     p99 = ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))]

@@ -138,28 +138,23 @@ def _roundtrip(port: int, deadline: float) -> bytes:
         time.sleep(0.1)
 
 
+def _tunnel(user: User, *args: str) -> subprocess.Popen[bytes]:
+    """`ssh -N` holding forwards open, through the generated config."""
+    return subprocess.Popen(
+        ["ssh", "-F", str(user.ssh_config), "-N", "-o", "ExitOnForwardFailure=yes", *args],
+        env=user.env,
+        stdin=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+
+
 @pytest.mark.parametrize("direction", ["-L", "-R"])
 def test_port_forwarding(user: User, direction: str) -> None:
     user.up("fwd")
     user.devbox("ssh-config", "--write", check=True)
     target, srv = _echo_server()
     listen = _free_port()
-    tunnel = subprocess.Popen(
-        [
-            "ssh",
-            "-F",
-            str(user.ssh_config),
-            "-N",
-            "-o",
-            "ExitOnForwardFailure=yes",
-            direction,
-            f"{listen}:127.0.0.1:{target}",
-            "fwd.devbox",
-        ],
-        env=user.env,
-        stdin=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+    tunnel = _tunnel(user, direction, f"{listen}:127.0.0.1:{target}", "fwd.devbox")
     try:
         assert _roundtrip(listen, time.monotonic() + 15) == b"echo:ping"
     finally:
@@ -249,22 +244,7 @@ def test_a_shell_on_stdin_without_a_pty(user: User) -> None:
     assert result.stdout.decode().split() == ["Linux", "box=vscode"]
     dynamic_port = _free_port()
     target, srv = _echo_server()
-    socks = subprocess.Popen(
-        [
-            "ssh",
-            "-F",
-            str(user.ssh_config),
-            "-N",
-            "-o",
-            "ExitOnForwardFailure=yes",
-            "-D",
-            str(dynamic_port),
-            "vscode.devbox",
-        ],
-        env=user.env,
-        stdin=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+    socks = _tunnel(user, "-D", str(dynamic_port), "vscode.devbox")
     try:
         # A SOCKS5 CONNECT to the echo server through ssh -D (VS Code's dynamic forward).
         deadline = time.monotonic() + 15
