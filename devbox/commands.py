@@ -36,7 +36,7 @@ def _backend(args: argparse.Namespace) -> Backend:
 def _refresh_ssh_config(backend: Backend) -> None:
     from devbox.ssh import sshconfig
 
-    sshconfig.refresh_if_written(backend.list())
+    sshconfig.refresh_if_written(backend.list(), backend.name)
 
 
 def _session(backend: Backend, box: Box, command: str | None, *, interactive: bool) -> int:
@@ -162,7 +162,7 @@ def ssh_config(args: argparse.Namespace) -> int:
         if box.host_key:
             known_hosts.pin(box.name, box.host_key)
     if args.write:
-        path, changed = sshconfig.write(boxes)
+        path, changed = sshconfig.write(boxes, backend.name)
         note = (
             "added an Include to ~/.ssh/config" if changed else "~/.ssh/config already includes it"
         )

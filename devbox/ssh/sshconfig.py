@@ -6,6 +6,7 @@ With these, plain ssh, scp, sftp, rsync and VS Code Remote-SSH reach a box by na
 from __future__ import annotations
 
 import os
+import re
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -28,7 +29,7 @@ def _where(box: Box) -> str:
     return f" --namespace {ns}" if box.backend == "kubernetes" and ns else ""
 
 
-def render(boxes: Iterable[Box]) -> str:
+def render(boxes: Iterable[Box], *, keep: Iterable[str] = ()) -> str:
     # `python -m devbox`, not a bare `devbox`: VS Code and other tools run ssh with
     # a PATH that may not contain the console script.
     proxy = f"{_quote(sys.executable)} -m devbox proxy --backend {{backend}} {{name}}"
@@ -45,24 +46,43 @@ def render(boxes: Iterable[Box]) -> str:
             f"  HostKeyAlias {alias(box.name)}\n"
             "  ServerAliveInterval 30\n"
         )
+    out.extend(f"\n{block}\n" for block in keep)
     return "".join(out)
+
+
+def _other_backends(backend: str) -> list[str]:
+    """The managed file's blocks for boxes of other backends: one backend's `up` must not
+    drop the aliases of another's boxes."""
+    try:
+        text = paths.ssh_config_file().read_text()
+    except FileNotFoundError:
+        return []
+    blocks = re.split(r"\n(?=Host )", text)[1:]
+    return [b.strip("\n") for b in blocks if f" --backend {backend} " not in b]
+
+
+def _write_managed(boxes: Iterable[Box], backend: str) -> Path:
+    managed = paths.ssh_config_file()
+    text = render(boxes, keep=_other_backends(backend))
+    managed.parent.mkdir(parents=True, exist_ok=True)
+    tmp = managed.with_name(managed.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, managed)
+    return managed
 
 
 def include_line(path: Path | None = None) -> str:
     return f"Include {_quote(str(path or paths.ssh_config_file()))}"
 
 
-def write(boxes: Iterable[Box]) -> tuple[Path, bool]:
-    """Write the managed file and make sure ~/.ssh/config includes it.
+def write(boxes: Iterable[Box], backend: str) -> tuple[Path, bool]:
+    """Write the managed file (`backend`'s boxes replace that backend's blocks) and make
+    sure ~/.ssh/config includes it.
 
     Returns the managed path and whether ~/.ssh/config was changed. The Include
     goes first: an Include after a Host line would apply only to that host.
     """
-    managed = paths.ssh_config_file()
-    managed.parent.mkdir(parents=True, exist_ok=True)
-    tmp = managed.with_name(managed.name + ".tmp")
-    tmp.write_text(render(boxes))
-    os.replace(tmp, managed)
+    managed = _write_managed(boxes, backend)
 
     user = paths.user_ssh_config()
     if user.is_symlink():  # dotfile managers link it; write through, keep the link
@@ -83,10 +103,7 @@ def write(boxes: Iterable[Box]) -> tuple[Path, bool]:
     return managed, True
 
 
-def refresh_if_written(boxes: Iterable[Box]) -> None:
+def refresh_if_written(boxes: Iterable[Box], backend: str) -> None:
     """Keep the managed file current after up/down, once the user has opted in with --write."""
-    managed = paths.ssh_config_file()
-    if managed.exists():
-        tmp = managed.with_name(managed.name + ".tmp")
-        tmp.write_text(render(boxes))
-        os.replace(tmp, managed)
+    if paths.ssh_config_file().exists():
+        _write_managed(boxes, backend)

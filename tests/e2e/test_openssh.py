@@ -268,3 +268,19 @@ def test_a_shell_on_stdin_without_a_pty(user: User) -> None:
         socks.terminate()
         socks.wait(timeout=10)
         srv.close()
+
+
+def test_one_backend_keeps_the_other_backends_aliases(user: User) -> None:
+    user.devbox("ssh-config", "--write", check=True)
+    other = (
+        "\nHost remote.devbox\n  User me\n"
+        "  ProxyCommand python -m devbox proxy --backend kubernetes remote --namespace lab\n"
+    )
+    with user.ssh_config.open("a") as f:
+        f.write(other)
+    user.up("here")
+    text = user.ssh_config.read_text()
+    assert "Host here.devbox" in text and "Host remote.devbox" in text
+    user.devbox("down", "here", check=True)
+    text = user.ssh_config.read_text()
+    assert "Host here.devbox" not in text and "--backend kubernetes remote" in text
