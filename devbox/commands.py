@@ -40,9 +40,38 @@ def _refresh_ssh_config(backend: Backend) -> None:
 
 
 def _session(backend: Backend, box: Box, command: str | None, *, interactive: bool) -> int:
+    from devbox.ssh import openssh
+
+    # Only where OpenSSH dials the box itself: through a ProxyCommand, a Kubernetes box
+    # would pay for a second Python process importing the Kubernetes client.
+    ssh = openssh.available() if box.backend == "local" else None
+    if ssh is None:
+        return _builtin(backend, box, command, interactive=interactive)
+    status = openssh.run(ssh, box, command, tty=interactive)
+    if status == 255:
+        # OpenSSH's own failures are 255 (silenced); so is a command that exits 255.
+        # A connect-only probe tells them apart and names a failure in one line.
+        _probe(backend, box)
+    return status
+
+
+def _builtin(backend: Backend, box: Box, command: str | None, *, interactive: bool) -> int:
     from devbox.ssh import client
 
     return client.run(box, _open(backend, box), command, interactive_=interactive)
+
+
+def _probe(backend: Backend, box: Box) -> None:
+    from devbox.ssh import client
+
+    try:
+        client.probe(box, _open(backend, box))
+    except DevboxError as exc:
+        if exc.message.startswith("cannot reach"):
+            raise DevboxError(
+                f"lost the connection to box {box.name} ({exc.message.split(': ', 1)[-1]})"
+            ) from None
+        raise
 
 
 def _open(backend: Backend, box: Box) -> socket.socket:

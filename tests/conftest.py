@@ -165,3 +165,14 @@ def term(user: User) -> Iterator[Terminal]:
     t = Terminal(user.env, Path(user.env["TMUX_TMPDIR"]))
     yield t
     t.close()
+
+
+@pytest.fixture(params=["openssh", "builtin"])
+def ssh_client(request: pytest.FixtureRequest, user: User) -> str:
+    """Runs a test with each of `devbox ssh`'s clients: OpenSSH when installed (the fast
+    path) and devbox's own asyncssh client (machines without OpenSSH)."""
+    if request.param == "builtin":
+        user.env["DEVBOX_SSH_CLIENT"] = "builtin"
+    elif shutil.which("ssh") is None:
+        pytest.skip("the OpenSSH client is not installed")
+    return str(request.param)

@@ -66,10 +66,7 @@ def _exit_status(process: asyncssh.SSHClientProcess[bytes], box: str) -> int:
     if process.exit_status is not None and process.exit_status >= 0:
         return process.exit_status
     if process.exit_signal:
-        name = process.exit_signal[0]
-        with contextlib.suppress(KeyError):
-            return 128 + signal.Signals["SIG" + name].value
-        return 255
+        return 255  # as OpenSSH's ssh does for a command killed by a signal
     # No status at all: the box went away under the command (shut down, crashed).
     raise DevboxError(f"lost the connection to box {box} before the command finished")
 
@@ -160,6 +157,16 @@ async def interactive(conn: asyncssh.SSHClientConnection, command: str | None, b
             loop.remove_reader(0)
             loop.remove_signal_handler(signal.SIGWINCH)
     return _exit_status(process, box)
+
+
+def probe(box: Box, sock: socket.socket) -> None:
+    """Connect and authenticate, run nothing: raises the one-line DevboxError of a failure."""
+
+    async def main() -> None:
+        conn = await connect(box, sock)
+        conn.close()
+
+    asyncio.run(main())
 
 
 def run(box: Box, sock: socket.socket, command: str | None, *, interactive_: bool) -> int:

@@ -44,7 +44,7 @@ def test_generated_name_is_a_dns_label(user: User) -> None:
     assert re.fullmatch(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?", name) and len(name) <= 63
 
 
-def test_ssh_command_passes_streams_and_status_through(user: User) -> None:
+def test_ssh_command_passes_streams_and_status_through(user: User, ssh_client: str) -> None:
     user.up("streams")
     result = user.devbox("ssh", "streams", "--", "cat; echo oops >&2; exit 7", input=b"from stdin")
     assert result.returncode == 7
@@ -58,10 +58,10 @@ def test_ssh_command_passes_streams_and_status_through(user: User) -> None:
     assert echoed.stdout == binary
 
 
-def test_signal_exit_status(user: User) -> None:
+def test_signal_exit_status(user: User, ssh_client: str) -> None:
     user.up("sig")
     result = user.devbox("ssh", "sig", "--", "kill -TERM $$")
-    assert result.returncode == 128 + signal.SIGTERM
+    assert result.returncode == 255  # what OpenSSH's ssh reports for a killed command
 
 
 def test_concurrent_claims_get_distinct_names_and_gpus(user: User) -> None:
@@ -150,7 +150,7 @@ def test_dead_agent_is_failed_and_frees_its_gpus(user: User) -> None:
     assert "doomed" not in _ls(user)
 
 
-def test_sigterm_shuts_the_agent_down_cleanly(user: User) -> None:
+def test_sigterm_shuts_the_agent_down_cleanly(user: User, ssh_client: str) -> None:
     user.up("term")
     pid = int((user.box_dir("term") / "agent.lock").read_text())
     # A long command is running when the box is stopped.
@@ -164,7 +164,8 @@ def test_sigterm_shuts_the_agent_down_cleanly(user: User) -> None:
     os.kill(pid, signal.SIGTERM)
     _, err = runner.communicate(timeout=15)
     assert runner.returncode == 1
-    assert err == b"devbox: error: lost the connection to box term before the command finished\n"
+    assert err.startswith(b"devbox: error: lost the connection to box term")
+    assert err.count(b"\n") == 1
     deadline = time.monotonic() + 10
     while True:
         try:
@@ -199,7 +200,9 @@ def test_backend_selection(user: User) -> None:
     assert moved.returncode == 2 and b"backend must be one of" in moved.stderr
 
 
-def test_piped_script_without_a_command_runs_in_the_login_shell(user: User) -> None:
+def test_piped_script_without_a_command_runs_in_the_login_shell(
+    user: User, ssh_client: str
+) -> None:
     user.up("piped")
     result = user.devbox("ssh", "piped", input=b"echo on-$DEVBOX_BOX\nexit 6\n")
     assert result.returncode == 6

@@ -163,7 +163,7 @@ def test_port_forwarding(user: User, direction: str) -> None:
         srv.close()
 
 
-def test_a_foreign_key_is_refused(user: User, tmp_path: Path) -> None:
+def test_a_foreign_key_is_refused(user: User, tmp_path: Path, ssh_client: str) -> None:
     user.up("mine")
     user.devbox("ssh-config", "--write", check=True)
     stranger = tmp_path / "stranger"
@@ -192,7 +192,7 @@ def test_a_foreign_key_is_refused(user: User, tmp_path: Path) -> None:
     assert ours.stderr.decode() == f"devbox: error: box mine refused your key {key}\n"
 
 
-def test_a_changed_host_key_is_refused(user: User, tmp_path: Path) -> None:
+def test_a_changed_host_key_is_refused(user: User, tmp_path: Path, ssh_client: str) -> None:
     box = user.up("pinned")
     user.devbox("ssh-config", "--write", check=True)
     folder = user.box_dir("pinned")

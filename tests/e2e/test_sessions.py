@@ -23,7 +23,9 @@ DEVBOX = f"{sys.executable} -m devbox"
 
 
 @pytest.mark.parametrize("multiplexer", ["screen", "tmux"])
-def test_session_survives_a_killed_client(user: User, term: Terminal, multiplexer: str) -> None:
+def test_session_survives_a_killed_client(
+    user: User, term: Terminal, multiplexer: str, ssh_client: str
+) -> None:
     if shutil.which(multiplexer) is None:
         pytest.skip(f"{multiplexer} is not installed")
     _use(user, multiplexer)
@@ -42,7 +44,7 @@ def test_session_survives_a_killed_client(user: User, term: Terminal, multiplexe
     assert box_box.stdout == b"keep\n"
 
 
-def test_window_size_changes_reach_the_box(user: User, term: Terminal) -> None:
+def test_window_size_changes_reach_the_box(user: User, term: Terminal, ssh_client: str) -> None:
     _use(user, "screen" if shutil.which("screen") else "tmux")
     user.up("sized")
     target = term.start(f"{DEVBOX} ssh sized")
