@@ -27,6 +27,17 @@ from devbox.ssh.keys import ensure_user_key
 POLL = 0.05  # seconds between looks at a pod that is starting; a warm claim takes a few
 
 
+def _gone(call: Callable[[], object]) -> bool:
+    """Runs an API call on a pod; True when the pod does not exist (404)."""
+    try:
+        call()
+    except ApiException as exc:
+        if exc.status == 404:
+            return True
+        raise
+    return False
+
+
 def _stderr(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -264,20 +275,12 @@ class KubernetesBackend:
 
     def _delete(self, pod_name: str, *, wait: bool) -> None:
         c = self.cluster
-        try:
-            c.core.delete_namespaced_pod(pod_name, c.namespace)
-        except ApiException as exc:
-            if exc.status == 404:
-                return
-            raise
+        if _gone(lambda: c.core.delete_namespaced_pod(pod_name, c.namespace)):
+            return
         deadline = time.monotonic() + 60
         while wait and time.monotonic() < deadline:
-            try:
-                c.core.read_namespaced_pod(pod_name, c.namespace)
-            except ApiException as exc:
-                if exc.status == 404:
-                    return
-                raise
+            if _gone(lambda: c.core.read_namespaced_pod(pod_name, c.namespace)):
+                return
             time.sleep(0.1)
 
     # --- connect --------------------------------------------------------------------
