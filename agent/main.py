@@ -19,10 +19,14 @@ import signal
 import socket
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agent import gpus, hostkey, sessions
 from devbox import protocol
 from devbox.boxes import Multiplexer
+
+if TYPE_CHECKING:
+    from agent.telemetry import Telemetry
 
 
 class StartError(Exception):
@@ -50,6 +54,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--lock-file", type=Path, help="held while the agent lives (liveness)")
     p.add_argument("--activity-file", type=Path, help="where user activity is published")
     p.add_argument("--multiplexer", default="auto", choices=("auto", "screen", "tmux", "none"))
+    p.add_argument(
+        "--processes",
+        choices=("box", "all"),
+        help="processes telemetry shows: the box's sessions, or all visible "
+        "(default: all in a pod, whose PID namespace is the box; box otherwise)",
+    )
+    p.add_argument("--telemetry-rate", type=float, default=1.0, help="samples/s when unwatched")
     p.add_argument("--ready-fd", type=int, help="pipe to report readiness on (one frame)")
     p.add_argument("--log-level", default="INFO")
     k8s = p.add_argument_group("in a Kubernetes pod")
@@ -162,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
             host_line=host_line,
             mux=mux,
             gpu_env=claim.visible_devices if args.gpus else "",
+            gpu_uuids=[g.uuid for g in claim.gpus],
         )
     )
 
@@ -174,6 +186,7 @@ async def _serve(
     host_line: str,
     mux: Multiplexer,
     gpu_env: str,
+    gpu_uuids: list[str],
 ) -> int:
     import asyncio
 
@@ -198,6 +211,9 @@ async def _serve(
             warn_without_multiplexer=args.multiplexer != "none",
         )
     )
+    agent.telemetry = _telemetry(args, gpu_uuids)
+    # Telemetry starts a moment late: the first SSH connection after `devbox up` comes first.
+    sampler = asyncio.create_task(agent.telemetry.run(delay=0.5))
     link_stop = None
     if args.pod:
         from agent.incluster import start_link
@@ -214,4 +230,24 @@ async def _serve(
     )
     if link_stop is not None:
         link_stop.set()
+    sampler.cancel()
+    await asyncio.gather(sampler, return_exceptions=True)
     return 0
+
+
+def _telemetry(args: argparse.Namespace, gpu_uuids: list[str]) -> Telemetry:
+    from agent.sampling import BoxSources
+    from agent.telemetry import Telemetry
+
+    everything = (args.processes or ("all" if args.pod else "box")) == "all"
+    return Telemetry(
+        box=args.name,
+        base_rate=args.telemetry_rate,
+        open_sources=lambda: BoxSources(
+            # In a pod the device plugin chose what the container sees: all of it is ours.
+            gpu_uuids=None if args.pod else gpu_uuids,
+            root_pid=os.getpid(),
+            box_marker=("DEVBOX_BOX", args.name),
+            all_processes=everything,
+        ),
+    )

@@ -19,6 +19,8 @@ from typing import Any
 import asyncssh
 
 from agent import shell
+from agent.telemetry import Telemetry
+from devbox import protocol
 from devbox.boxes import Multiplexer
 
 log = logging.getLogger("devbox.agent")
@@ -95,6 +97,7 @@ class Agent:
         self.activity = Activity(box.activity_file)
         self.connections: set[asyncssh.SSHServerConnection] = set()
         self.tasks: set[asyncio.Task[Any]] = set()
+        self.telemetry: Telemetry | None = None
         self._user = pwd.getpwuid(os.getuid())
 
     # --- sessions -------------------------------------------------------------------
@@ -136,6 +139,14 @@ class Agent:
         task = asyncio.current_task()
         if task:
             self.tasks.add(task)
+        if process.subsystem is not None:
+            # Not a user at work: a dashboard watching an idle box must not keep it alive.
+            try:
+                await self._subsystem(process, process.subsystem)
+            finally:
+                if task:
+                    self.tasks.discard(task)
+            return
         self.activity.client(+1)
         try:
             await self._run(process)
@@ -147,6 +158,19 @@ class Agent:
             self.activity.client(-1)
             if task:
                 self.tasks.discard(task)
+
+    async def _subsystem(self, process: shell.Process, name: str) -> None:
+        if name != protocol.TELEMETRY_SUBSYSTEM or self.telemetry is None:
+            process.stderr.write(f"devbox agent: no subsystem {name!r}\r\n".encode())
+            process.exit(1)
+            return
+        try:
+            status = await self.telemetry.serve(
+                read=process.stdin.read, write=process.stdout.write, drain=process.stdout.drain
+            )
+        except (asyncssh.Error, OSError, BrokenPipeError):
+            return  # the subscriber went away mid-write
+        process.exit(status)
 
     async def _run(self, process: shell.Process) -> None:
         env = self.session_env(process)

@@ -55,6 +55,30 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _rate(text: str) -> float:
+    from devbox.protocol import MAX_RATE
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"rate must be samples per second, not {text!r}") from None
+    if not 0 < value <= MAX_RATE:
+        raise argparse.ArgumentTypeError(
+            f"rate must be above 0 and at most {MAX_RATE:g} per second (got {text})"
+        )
+    return value
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"count must be a whole number, not {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"count must be at least 1 (got {value})")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="devbox", description="A personal GPU box in one command.")
     parser.add_argument("--version", action="version", version=f"devbox {__version__}")
@@ -104,6 +128,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--write",
         action="store_true",
         help="write it to a devbox file and Include that from ~/.ssh/config",
+    )
+
+    stats = sub.add_parser(
+        "stats", parents=[backend], help="live GPU, host and process telemetry of a box"
+    )
+    stats.add_argument("name")
+    stats.add_argument("--json", action="store_true", help="JSON: one sample per line")
+    stats.add_argument("--watch", "-w", action="store_true", help="keep streaming (ctrl-c ends)")
+    stats.add_argument("--rate", type=_rate, default=1.0, help="samples per second (default 1)")
+    stats.add_argument("--count", "-c", type=_count, help="stop after COUNT samples")
+    stats.add_argument(
+        "--history", action="store_true", help="with --json: the last 10 minutes first"
     )
 
     pool = sub.add_parser("pool", help="kubernetes: the warm pool of unclaimed boxes")

@@ -233,6 +233,52 @@ def pool(args: argparse.Namespace) -> int:
     return 0
 
 
+def stats(args: argparse.Namespace) -> int:
+    from devbox import protocol, statsview
+    from devbox.ssh import telemetry
+
+    if args.history and not args.json:
+        raise UsageError("--history needs --json (a terminal shows the newest sample only)")
+    backend = _backend(args)
+    box = backend.get(args.name)
+    if box.state.value not in ("running", "idle"):
+        raise UsageError(f"box {box.name} is {box.state.value}: {box.reason or 'not reachable'}")
+    watch = args.watch or args.count is not None
+    limit = args.count if args.count is not None else (None if watch else 1)
+    shown = 0
+    clear = not args.json and sys.stdout.isatty()
+
+    def show(frame: protocol.Frame) -> bool:
+        nonlocal shown
+        if frame.type == protocol.HISTORY:
+            for old in frame.body.get("samples", []):
+                print(json.dumps(old), flush=False)
+            return True
+        if args.json:
+            print(json.dumps(frame.body), flush=True)
+        else:
+            # A terminal gets the newest sample in place of the last, as `watch` does.
+            text = statsview.render(box.name, frame.body)  # type: ignore[arg-type]
+            sys.stdout.write(("\x1b[H\x1b[2J" if clear and watch else "") + text)
+            sys.stdout.flush()
+        shown += 1
+        return limit is None or shown < limit
+
+    try:
+        telemetry.stream(
+            box,
+            _open(backend, box),
+            rate=args.rate,
+            history=args.history,
+            on_frame=show,
+        )
+    except KeyboardInterrupt:
+        return 0  # ctrl-c is how a watch ends
+    except BrokenPipeError:
+        return 0  # `devbox stats --watch --json | head`
+    return 0
+
+
 def _table(rows: Sequence[tuple[str, ...]]) -> None:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
@@ -248,5 +294,6 @@ def dispatch(args: argparse.Namespace) -> int:
         "ssh": ssh,
         "proxy": proxy,
         "ssh-config": ssh_config,
+        "stats": stats,
     }
     return handlers[args.command](args)

@@ -12,7 +12,7 @@ import base64
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 VERSION = 1
 # A frame larger than this is malformed; it bounds what one bad peer can make us buffer.
@@ -58,6 +58,82 @@ def decode(line: bytes) -> Frame:
 READY = "ready"
 ERROR = "error"
 HELLO = "hello"
+
+
+# --- Telemetry. A client opens the SSH subsystem TELEMETRY_SUBSYSTEM on the box's own
+# authenticated connection and sends one SUBSCRIBE frame; the agent answers HELLO, then
+# (if asked) one HISTORY frame, then SAMPLE frames at the requested rate. A slow reader
+# gets the newest sample, never a backlog. A bad request gets one ERROR frame and the
+# channel closes; the agent goes on serving everyone else.
+#
+# In every sample a metric the hardware or OS does not report is null (None), never an
+# error and never a made-up zero.
+TELEMETRY_SUBSYSTEM = "devbox-telemetry"
+SUBSCRIBE = "subscribe"  # body: rate (Hz, float, 0 < rate <= MAX_RATE), history (bool)
+HISTORY = "history"  # body: samples (list[Sample], oldest first)
+SAMPLE = "sample"  # body: one Sample
+MAX_RATE = 20.0
+HISTORY_SECONDS = 600  # the ring buffer: 10 minutes at 1 Hz
+
+
+class GpuProcess(TypedDict):
+    pid: int  # as NVML reports it: in a container, a host PID
+    box_pid: int | None  # the same process as the box sees it; None when unmapped
+    kind: str  # "compute" or "graphics"
+    mem_used: int | None  # bytes
+    sm_util: float | None  # percent, from NVML's per-process samples
+    mem_util: float | None
+
+
+class GpuSample(TypedDict):
+    index: int
+    uuid: str
+    name: str
+    lost: bool  # NVML said GPU_IS_LOST: every metric below is None
+    util: float | None  # percent
+    mem_util: float | None
+    mem_used: int | None  # bytes
+    mem_total: int | None
+    power_w: float | None
+    power_limit_w: float | None
+    temp_c: float | None
+    sm_clock_mhz: int | None
+    pcie_tx_kbs: int | None  # KB/s, as NVML reports it
+    pcie_rx_kbs: int | None
+    ecc_corrected: int | None  # volatile (since boot) totals
+    ecc_uncorrected: int | None
+    processes: list[GpuProcess]
+
+
+class HostSample(TypedDict):
+    cpu: list[float]  # percent per core since the previous sample
+    load1: float | None
+    mem_used: int
+    mem_total: int
+    swap_used: int
+    disk_read_bps: float | None  # None on the first sample: a rate needs two
+    disk_write_bps: float | None
+    net_rx_bps: float | None
+    net_tx_bps: float | None
+
+
+class BoxProcess(TypedDict):
+    pid: int
+    ppid: int
+    name: str
+    cmdline: str
+    user: str | None
+    cpu: float | None  # percent of one core since the previous sample; None on first sight
+    rss: int | None  # bytes
+    threads: int | None
+
+
+class Sample(TypedDict):
+    t: float  # unix time the sample was taken, in the agent
+    seq: int  # increases by one per sample taken; a gap means the reader skipped some
+    gpus: list[GpuSample]
+    host: HostSample
+    processes: list[BoxProcess]
 
 
 # --- Kubernetes: the labels and annotations through which the backend and an in-cluster

@@ -152,6 +152,10 @@ class Runner:
                 str(home_root),
                 "--host-key",
                 str(folder / "host_key"),
+                # This "pod" shares the test machine's PID namespace: show its own
+                # processes only, as a real pod's namespace would.
+                "--processes",
+                "box",
             ],
             env=env,
             stdin=subprocess.DEVNULL,

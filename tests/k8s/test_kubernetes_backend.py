@@ -179,3 +179,16 @@ def test_timeout_ends_the_wait_for_busy_gpus(
     # Freeing GPUs lets the same claim through.
     kube.devbox("down", "hog", check=True)
     kube.devbox("up", "late", "--gpus", "2", "--no-attach", "--timeout", "60", check=True)
+
+
+def test_stats_through_the_port_forward(kube: KubeUser) -> None:
+    kube.devbox("up", "tk", "--gpus", "2", "--no-attach", check=True)
+    out = kube.devbox("stats", "tk", "--json", "--count", "3", "--rate", "10", check=True)
+    samples = [json.loads(line) for line in out.stdout.splitlines()]
+    assert len(samples) == 3
+    assert [s["seq"] for s in samples] == sorted({s["seq"] for s in samples})
+    # The pod's GPUs, as the simulated driver of its node reports them.
+    assert [len(s["gpus"]) for s in samples] == [2, 2, 2]
+    assert all(g["mem_total"] == 80 << 30 for g in samples[-1]["gpus"])
+    agents = [p for p in samples[-1]["processes"] if "devbox agent" in p["cmdline"]]
+    assert len(agents) == 1 and "--pod" in agents[0]["cmdline"]
