@@ -48,6 +48,14 @@ CMDLINE_TTL = 5.0
 _COMM_MAX = 15
 # Whether this system has a Linux /proc; tests switch it off to exercise the psutil path.
 _PROCFS = os.path.exists("/proc/self/stat")
+# A box process's /proc/PID/stat stays open between ticks and is re-read with pread: an
+# open is a path walk through procfs, and skipping it halves the cost of a tick (kept
+# descriptors of a process that exits read as ESRCH, so a reused PID is never misread).
+# Bounded: the agent's descriptor limit is shared with its SSH connections.
+MAX_KEPT_FDS = 512
+# New processes are looked for (a listing of /proc) at most this often; the box's known
+# processes are read every tick. A new process shows within this many seconds.
+DISCOVERY_INTERVAL = 2.0
 
 
 class _Gone(Exception):
@@ -71,23 +79,58 @@ class _Procfs:
     def __init__(self) -> None:
         self._ticks = float(os.sysconf("SC_CLK_TCK"))
         self._page = os.sysconf("SC_PAGE_SIZE")
+        self._fds: dict[int, int] = {}
+        self._last: dict[int, tuple[bytes, _Stat]] = {}
+        self._loadavg: int | None = None
 
     def pids(self) -> set[int]:
         return {int(name) for name in os.listdir("/proc") if name.isdigit()}
 
-    def stat(self, pid: int) -> _Stat:
+    def last_pid(self) -> int | None:
+        """The PID the kernel handed out last (in this PID namespace): while it stays the
+        same, no process was born and listing /proc would find nothing new."""
+        if self._loadavg is None:
+            try:
+                self._loadavg = os.open("/proc/loadavg", os.O_RDONLY)
+            except OSError:
+                return None
         try:
-            fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
-        except OSError:
-            raise _Gone from None
+            return int(os.pread(self._loadavg, 256, 0).split()[-1])
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def stat(self, pid: int, *, keep: bool = False) -> _Stat:
+        fd = self._fds.get(pid)
+        fresh = fd is None
+        if fd is None:
+            try:
+                fd = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
+            except OSError:
+                raise _Gone from None
         try:
-            data = os.read(fd, 4096)
+            data = os.pread(fd, 4096, 0)
             # The file's owner is the process's effective uid: no extra open of status.
-            uid = os.fstat(fd).st_uid
+            uid = os.fstat(fd).st_uid if fresh else None
         except OSError:
-            raise _Gone from None
-        finally:
+            self._fds.pop(pid, None)
+            self._last.pop(pid, None)
             os.close(fd)
+            raise _Gone from None
+        if fresh and keep and len(self._fds) < MAX_KEPT_FDS:
+            self._fds[pid] = fd
+        elif fresh:
+            os.close(fd)
+        last = self._last.get(pid)
+        if last is not None and last[0] == data:
+            # A sleeping process's stat does not change between ticks: the same _Stat
+            # object tells the sampler to reuse its entry (most of a box is asleep).
+            return last[1]
+        st = self._parse(data, uid)
+        if pid in self._fds:
+            self._last[pid] = (data, st)
+        return st
+
+    def _parse(self, data: bytes, uid: int | None) -> _Stat:
         # comm may hold spaces and parentheses: it ends at the last ')'.
         end = data.rfind(b")")
         if end < 0:
@@ -131,7 +174,10 @@ class _Procfs:
             return b""
 
     def forget(self, pid: int) -> None:
-        pass
+        self._last.pop(pid, None)
+        fd = self._fds.pop(pid, None)
+        if fd is not None:
+            os.close(fd)
 
 
 class _Psutil:
@@ -152,7 +198,10 @@ class _Psutil:
     def pids(self) -> set[int]:
         return set(psutil.pids())
 
-    def stat(self, pid: int) -> _Stat:
+    def last_pid(self) -> int | None:
+        return None  # unknown: list every time
+
+    def stat(self, pid: int, *, keep: bool = False) -> _Stat:
         handle = self._handle(pid)
         try:
             with handle.oneshot():
@@ -197,11 +246,19 @@ class _Known:
     t: float
     args: list[str]
     args_t: float
+    user: str | None  # from the first read: a kept descriptor does not see setuid
+    stat: _Stat | None = None  # the reader's last answer, when it can say "unchanged"
+    idle: BoxProcess | None = None  # this process's entry while its stat is unchanged
 
 
 class HostSampler:
     def __init__(
-        self, *, root_pid: int, box_marker: tuple[str, str] | None, all_processes: bool
+        self,
+        *,
+        root_pid: int,
+        box_marker: tuple[str, str] | None,
+        all_processes: bool,
+        discovery_interval: float = DISCOVERY_INTERVAL,
     ) -> None:
         self._root = root_pid
         # Matched against b"\0" + environ: a whole variable, so box "a" is not box "ab".
@@ -209,6 +266,9 @@ class HostSampler:
             None if box_marker is None else f"\0{box_marker[0]}={box_marker[1]}\0".encode()
         )
         self._all = all_processes
+        self._discovery_interval = discovery_interval
+        self._listed_at = -float("inf")
+        self._last_pid: int | None = None
         self._reader: _Procfs | _Psutil = _Procfs() if _PROCFS else _Psutil()
         self._box: dict[int, _Known] = {}
         self._others: set[int] = set()  # judged not the box's: never read again
@@ -216,7 +276,8 @@ class HostSampler:
         # psutil.cpu_percent keeps its previous reading in module state, shared with any
         # other caller in the process; a sampler keeps its own. Taking it here makes the
         # first read's figures cover the time since construction.
-        self._cpu_prev = [_busy_total(t) for t in psutil.cpu_times(percpu=True)]
+        self._figures: _ProcHost | _PsutilHost = _ProcHost() if _PROCFS else _PsutilHost()
+        self._cpu_prev = self._figures.cpu()
         self._io_prev: tuple[float, tuple[int, int] | None, tuple[int, int] | None] | None = None
 
     def read(self) -> tuple[HostSample, list[BoxProcess]]:
@@ -226,7 +287,8 @@ class HostSampler:
     # --- host-wide figures
 
     def _host(self, now: float) -> HostSample:
-        cpu_now = [_busy_total(t) for t in psutil.cpu_times(percpu=True)]
+        figures = self._figures
+        cpu_now = figures.cpu()
         cpu = [_percent(prev, cur) for prev, cur in zip(self._cpu_prev, cpu_now, strict=False)]
         cpu += [0.0] * (len(cpu_now) - len(cpu))  # a CPU came online: no baseline yet
         self._cpu_prev = cpu_now
@@ -234,8 +296,8 @@ class HostSampler:
             load1: float | None = os.getloadavg()[0]
         except (OSError, AttributeError):
             load1 = None
-        mem, swap = psutil.virtual_memory(), psutil.swap_memory()
-        disk, net = _disk_bytes(), _net_bytes()
+        mem_used, mem_total, swap_used = figures.memory()
+        disk, net = figures.disk(), figures.net()
         prev, self._io_prev = self._io_prev, (now, disk, net)
         rates: list[float | None] = [None] * 4
         if prev is not None and now > prev[0]:
@@ -248,9 +310,9 @@ class HostSampler:
         return {
             "cpu": cpu,
             "load1": load1,
-            "mem_used": mem.used,
-            "mem_total": mem.total,
-            "swap_used": swap.used,
+            "mem_used": mem_used,
+            "mem_total": mem_total,
+            "swap_used": swap_used,
             "disk_read_bps": rates[0],
             "disk_write_bps": rates[1],
             "net_rx_bps": rates[2],
@@ -261,33 +323,34 @@ class HostSampler:
 
     def _processes(self, now: float) -> list[BoxProcess]:
         reader = self._reader
-        listed = reader.pids()
-        for pid in self._box.keys() - listed:
-            del self._box[pid]
-            reader.forget(pid)
-        self._others &= listed
         fresh: dict[int, _Stat] = {}
-        for pid in listed - self._box.keys() - self._others:
-            try:
-                fresh[pid] = reader.stat(pid)
-            except _Gone:
-                # Vanished (it leaves the listing, and _others, next tick) or unreadable
-                # (psutil's AccessDenied elsewhere): either way not worth another read.
-                self._others.add(pid)
-                reader.forget(pid)
+        if now - self._listed_at >= self._discovery_interval:
+            last_pid = reader.last_pid()
+            if last_pid is None or last_pid != self._last_pid:
+                self._discover(now, fresh)
+                self._last_pid = last_pid
         out: list[BoxProcess] = []
         for pid, known in list(self._box.items()):
             try:
-                st = reader.stat(pid)
+                st = reader.stat(pid, keep=True)
             except _Gone:
                 del self._box[pid]
                 reader.forget(pid)
                 continue
+            if st is known.stat and now - known.args_t < CMDLINE_TTL:
+                # Unchanged since the last tick: asleep, no CPU used, same entry.
+                known.t = now
+                if known.idle is None:
+                    known.idle = self._entry(pid, st, known.args, 0.0, known.user)
+                out.append(known.idle)
+                continue
             if st.start != known.start:  # the PID was reused: judge the newcomer
                 del self._box[pid]
+                reader.forget(pid)
                 fresh[pid] = st
             elif st.zombie:  # it will never run again, and can't be reused until reaped
                 del self._box[pid]
+                reader.forget(pid)
                 self._others.add(pid)
             else:
                 cpu = None
@@ -296,14 +359,34 @@ class HostSampler:
                 if st.comm != known.comm or now - known.args_t >= CMDLINE_TTL:
                     known.args, known.args_t = reader.cmdline(pid), now
                 known.comm, known.cpu_s, known.t = st.comm, st.cpu_s, now
-                out.append(self._entry(pid, st, known.args, cpu))
+                known.stat, known.idle = st, None
+                out.append(self._entry(pid, st, known.args, cpu, known.user))
         for pid in self._judge(fresh):
             st = fresh[pid]
             args = reader.cmdline(pid)
-            self._box[pid] = _Known(st.start, st.comm, st.cpu_s, now, args, now)
-            out.append(self._entry(pid, st, args, None))
+            user = None if st.uid is None else self._user(st.uid)
+            self._box[pid] = _Known(st.start, st.comm, st.cpu_s, now, args, now, user)
+            out.append(self._entry(pid, st, args, None, user))
         out.sort(key=lambda p: p["pid"])
         return out
+
+    def _discover(self, now: float, fresh: dict[int, _Stat]) -> None:
+        """Reads the processes not seen before into `fresh`, to be judged."""
+        reader = self._reader
+        self._listed_at = now
+        listed = reader.pids()
+        for pid in self._box.keys() - listed:
+            del self._box[pid]
+            reader.forget(pid)
+        self._others &= listed
+        for pid in listed - self._box.keys() - self._others:
+            try:
+                fresh[pid] = reader.stat(pid)
+            except _Gone:
+                # Vanished (it leaves the listing, and _others, next tick) or unreadable
+                # (psutil's AccessDenied elsewhere): either way not worth another read.
+                self._others.add(pid)
+                reader.forget(pid)
 
     def _judge(self, fresh: dict[int, _Stat]) -> list[int]:
         """The box's processes among those seen for the first time; the rest are
@@ -331,7 +414,9 @@ class HostSampler:
             self._reader.forget(pid)
         return sorted(mine)
 
-    def _entry(self, pid: int, st: _Stat, args: list[str], cpu: float | None) -> BoxProcess:
+    def _entry(
+        self, pid: int, st: _Stat, args: list[str], cpu: float | None, user: str | None
+    ) -> BoxProcess:
         name = st.comm
         if len(name) >= _COMM_MAX and args:
             # As psutil does: the full name from argv[0] when the kernel cut comm short.
@@ -343,7 +428,7 @@ class HostSampler:
             "ppid": st.ppid,
             "name": name,
             "cmdline": " ".join(args)[:CMDLINE_CHARS],
-            "user": None if st.uid is None else self._user(st.uid),
+            "user": user,
             "cpu": cpu,
             "rss": st.rss,
             "threads": st.threads,
@@ -368,6 +453,95 @@ def _descend(roots: list[int], children: dict[int, list[int]], mine: set[int]) -
         if pid not in mine:
             mine.add(pid)
             stack.extend(children.get(pid, ()))
+
+
+class _ProcHost:
+    """Host-wide figures from /proc files kept open and re-read with pread (psutil reads
+    the same files, but opens them each time and parses every field: 2 ms a tick, cold,
+    against under 1 ms)."""
+
+    def __init__(self) -> None:
+        self._fds = {
+            name: os.open(f"/proc/{name}", os.O_RDONLY)
+            for name in ("stat", "meminfo", "diskstats", "net/dev")
+        }
+        try:
+            # Whole disks only, as psutil: partitions would count the same bytes twice.
+            self._disks = {name.encode() for name in os.listdir("/sys/block")}
+        except OSError:
+            self._disks = set()
+
+    def _read(self, name: str) -> bytes:
+        fd, chunks, offset = self._fds[name], [], 0
+        while chunk := os.pread(fd, 65536, offset):
+            chunks.append(chunk)
+            offset += len(chunk)
+            if name == "stat":  # the per-CPU lines come first: 64 KiB holds ~800 CPUs
+                break
+        return b"".join(chunks)
+
+    def cpu(self) -> list[tuple[float, float]]:
+        out = []
+        for line in self._read("stat").split(b"\n")[1:]:
+            if not line.startswith(b"cpu"):
+                break
+            # user nice system idle iowait irq softirq steal (guest is inside user/nice)
+            f = [int(x) for x in line.split()[1:9]]
+            total = sum(f)
+            out.append((float(total - f[3] - f[4]), float(total)))
+        return out
+
+    def memory(self) -> tuple[int, int, int]:
+        kb: dict[bytes, int] = {}
+        for line in self._read("meminfo").split(b"\n"):
+            key, _, value = line.partition(b":")
+            if key in (b"MemTotal", b"MemAvailable", b"SwapTotal", b"SwapFree"):
+                kb[key] = int(value.split()[0]) * 1024
+        total = kb.get(b"MemTotal", 0)
+        used = total - kb.get(b"MemAvailable", total)
+        return used, total, kb.get(b"SwapTotal", 0) - kb.get(b"SwapFree", 0)
+
+    def disk(self) -> tuple[int, int] | None:
+        if not self._disks:
+            return None
+        read = written = 0
+        for line in self._read("diskstats").split(b"\n"):
+            f = line.split()
+            if len(f) > 9 and f[2] in self._disks:
+                # Sectors in diskstats are 512 bytes whatever the device's own size.
+                read += int(f[5]) * 512
+                written += int(f[9]) * 512
+        return read, written
+
+    def net(self) -> tuple[int, int] | None:
+        rx = tx = 0
+        found = False
+        for line in self._read("net/dev").split(b"\n")[2:]:
+            name, _, rest = line.partition(b":")
+            # Loopback is not the network: a local box's port-forward would count in it.
+            if not rest or name.strip() == b"lo":
+                continue
+            f = rest.split()
+            rx, tx, found = rx + int(f[0]), tx + int(f[8]), True
+        return (rx, tx) if found else None
+
+
+class _PsutilHost:
+    """The same figures through psutil, for systems without a Linux /proc."""
+
+    def cpu(self) -> list[tuple[float, float]]:
+        return [_busy_total(t) for t in psutil.cpu_times(percpu=True)]
+
+    def memory(self) -> tuple[int, int, int]:
+        mem = psutil.virtual_memory()
+        # "Used" as /proc reads it above: what is not available to new work.
+        return mem.total - mem.available, mem.total, psutil.swap_memory().used
+
+    def disk(self) -> tuple[int, int] | None:
+        return _disk_bytes()
+
+    def net(self) -> tuple[int, int] | None:
+        return _net_bytes()
 
 
 def _busy_total(t: Any) -> tuple[float, float]:

@@ -13,6 +13,7 @@ import argparse
 import contextlib
 import errno
 import fcntl
+import gc
 import logging
 import os
 import signal
@@ -214,6 +215,11 @@ async def _serve(
     agent.telemetry = _telemetry(args, gpu_uuids)
     # Telemetry starts a moment late: the first SSH connection after `devbox up` comes first.
     sampler = asyncio.create_task(agent.telemetry.run(delay=0.5))
+    # Once everything long-lived is imported and built (asyncssh, NVML, the sampler), move
+    # it out of the cyclic GC's sight: each tick allocates hundreds of small objects, and
+    # the collections they trigger otherwise re-scan all of asyncssh every time (a third
+    # of the agent's idle CPU at 1 Hz, benchmarks/bench_telemetry.py).
+    loop.call_later(3.0, gc.freeze)
     link_stop = None
     if args.pod:
         from agent.incluster import start_link

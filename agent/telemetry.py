@@ -1,7 +1,7 @@
 """Telemetry: one sampler per box, a ring buffer of recent history, and subscribers
 that each get the newest sample at their own rate.
 
-The sampler runs in one worker thread (NVML calls can block for seconds on a
+The sampler runs in a thread of its own (NVML calls can block for seconds on a
 sick GPU; the SSH server must not) at the fastest rate any subscriber asked
 for, and at `base_rate` when nobody watches, so that history and the activity
 signal are always there. Each sample is encoded once and the same bytes go to
@@ -16,9 +16,9 @@ import collections
 import contextlib
 import json
 import logging
+import threading
 import time
 from collections.abc import Awaitable, Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Protocol
 
 from devbox import protocol
@@ -108,7 +108,8 @@ class Telemetry:
         self._open_sources = open_sources
         self._base_rate = base_rate
         self._subs: set[Subscription] = set()
-        self._wake = asyncio.Event()
+        self._rate = base_rate  # the sampler's: the fastest any subscriber asked for
+        self._poke = threading.Event()
         self.latest: Sample | None = None
         self._latest_line: bytes | None = None
         # Compact samples (no process tables), encoded, one per 1/base_rate seconds.
@@ -119,38 +120,67 @@ class Telemetry:
         self._seq = 0
         self.failure: str | None = None  # why there is no telemetry, when the sources failed
 
-    @property
-    def rate(self) -> float:
-        return max([self._base_rate, *(s.rate for s in self._subs)])
+    def _rates_changed(self) -> None:
+        rate = max([self._base_rate, *(s.rate for s in self._subs)])
+        faster, self._rate = rate > self._rate, rate
+        if faster:
+            self._poke.set()  # a subscriber wants more than the sampler gives: sample now
 
     # --- the sampling loop ------------------------------------------------------------
+    #
+    # A thread of its own, not run_in_executor: each hand-off to a pool costs a second
+    # thread wake-up per tick, and on a VM that was most of the agent's idle CPU.
 
     async def run(self, *, delay: float = 0.0) -> None:
         """Sample until cancelled. `delay`: let the first SSH connection have the CPU first."""
+        await asyncio.sleep(delay)
         loop = asyncio.get_running_loop()
-        with ThreadPoolExecutor(1, thread_name_prefix="devbox-telemetry") as pool:
-            await asyncio.sleep(delay)
+        stop = threading.Event()
+        ended: asyncio.Future[None] = loop.create_future()
+        threading.Thread(
+            target=self._sample_forever,
+            args=(loop, stop, ended),
+            name="devbox-telemetry",
+            daemon=True,  # a call stuck in a sick GPU's driver must not hold the exit
+        ).start()
+        try:
+            await ended  # only when the sources cannot open
+        finally:
+            stop.set()
+            self._poke.set()
+
+    def _sample_forever(
+        self, loop: asyncio.AbstractEventLoop, stop: threading.Event, ended: asyncio.Future[None]
+    ) -> None:
+        try:
+            sources = self._open_sources()
+        except Exception as exc:  # the SSH server goes on without telemetry
+            log.exception("cannot start telemetry")
+            message = f"telemetry is unavailable in this box: {exc}"
+            with contextlib.suppress(RuntimeError):  # the loop already closed
+                loop.call_soon_threadsafe(self._fail, message, ended)
+            return
+        next_at = time.monotonic()
+        while not stop.is_set():
             try:
-                sources = await loop.run_in_executor(pool, self._open_sources)
-            except Exception as exc:  # the SSH server goes on without telemetry
-                log.exception("cannot start telemetry")
-                self.failure = f"telemetry is unavailable in this box: {exc}"
-                return
-            next_at = loop.time()
-            while True:
+                sample, line = self._take(sources)
+            except Exception:  # one bad tick must not end telemetry for good
+                log.exception("sampling failed")
+            else:
                 try:
-                    sample, line = await loop.run_in_executor(pool, self._take, sources)
-                except Exception:  # one bad tick must not end telemetry for good
-                    log.exception("sampling failed")
-                else:
-                    self._publish(sample, line)
-                interval = 1.0 / self.rate
-                now = loop.time()
-                next_at = max(next_at + interval, now)  # behind schedule: no burst
-                self._wake.clear()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), next_at - now)
-                    next_at = loop.time()  # a faster subscriber arrived: sample now
+                    loop.call_soon_threadsafe(self._publish, sample, line)
+                except RuntimeError:
+                    return  # the event loop is gone: the agent is ending
+            now = time.monotonic()
+            next_at = max(next_at + 1.0 / self._rate, now)  # behind schedule: no burst
+            if self._poke.wait(next_at - now):
+                self._poke.clear()
+                next_at = time.monotonic()
+
+    def _fail(self, message: str, ended: asyncio.Future[None]) -> None:
+        self.failure = message
+        if not ended.done():
+            ended.set_result(None)
 
     def _take(self, sources: Sources) -> tuple[Sample, bytes]:
         gpus, host, processes = sources.read()
@@ -170,7 +200,7 @@ class Telemetry:
         if now - self._history_t >= 0.95 / self._base_rate:
             self._history_t = now
             self._history.append(_compact(sample))
-        slack = 0.5 / self.rate
+        slack = 0.5 / self._rate
         for sub in self._subs:
             sub.offer(line, now, slack)
 
@@ -209,7 +239,7 @@ class Telemetry:
                 write(frame)
                 await drain()
         self._subs.add(sub)
-        self._wake.set()  # the sampler may need to speed up for this subscriber
+        self._rates_changed()
         if self._latest_line is not None:
             sub.offer(self._latest_line, time.monotonic(), 0.0)  # a snapshot needs no wait
         requests = asyncio.ensure_future(self._follow_requests(lines, sub))
@@ -225,6 +255,7 @@ class Telemetry:
             error = requests.result()
         finally:
             self._subs.discard(sub)
+            self._rates_changed()
             requests.cancel()
         return 0 if error is None else _fail(write, error)
 
@@ -241,7 +272,7 @@ class Telemetry:
                 sub.rate, _ = parse_request(line)
             except RequestError as exc:
                 return str(exc)
-            self._wake.set()
+            self._rates_changed()
 
 
 def _compact(sample: Sample) -> bytes:

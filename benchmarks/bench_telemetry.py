@@ -94,7 +94,7 @@ async def _subscribe(
     from devbox.ssh import client, telemetry
 
     os.environ.update(env)  # the user's key and state folders
-    backend = LocalBackend(Config())
+    backend = LocalBackend(config=Config())
     record = backend.get(str(box["name"]))
     conn = await client.connect(record, backend.open_socket(record))
     ages: list[float] = []

@@ -52,3 +52,12 @@ def test_startup_benchmark() -> None:
 def test_echo_benchmark() -> None:
     result = _run("bench_echo.py", "--keys", "40")
     assert result["agent"]["n"] == 40 and result["sshd"]["n"] == 40
+
+
+def test_telemetry_benchmark() -> None:
+    result = _run("bench_telemetry.py", "--seconds", "2", "--procs", "10", "--gpus", "2")
+    assert set(result["runs"]) == {"1hz", "10hz"}
+    for run in result["runs"].values():
+        assert run["frames"] >= 1 and run["agent_cpu_pct_of_one_core"] >= 0
+        assert run["peers"]["floor"]["cpu_pct_of_one_core"] > 0
+        assert run["latency_ms"]["n"] == run["frames"]

@@ -152,10 +152,20 @@ def test_descendants_of_the_agent_are_the_box(procs: Procs, reader: str) -> None
     assert seen[grandchild]["ppid"] == shell.pid
     assert decoy not in seen
 
-    # A process the agent starts later is found on the next read.
+    # A process the agent starts later is found at the next look for new processes,
+    # which comes at most DISCOVERY_INTERVAL later (reads in between skip the listing).
     late = procs.child(["sleep", "3607"])
     _, processes = sampler.read()
+    assert late.pid not in by_pid(processes)
+    time.sleep(agent.host.DISCOVERY_INTERVAL)
+    _, processes = sampler.read()
     assert late.pid in by_pid(processes)
+    eager = HostSampler(
+        root_pid=os.getpid(), box_marker=None, all_processes=False, discovery_interval=0
+    )
+    eager.read()
+    later = procs.child(["sleep", "3609"])
+    assert later.pid in by_pid(eager.read()[1])
 
 
 def _children(pid: int) -> list[psutil.Process]:
@@ -245,7 +255,9 @@ def test_a_process_is_judged_once_and_strangers_are_read_once(
     box's is read (stat) once, however many ticks follow."""
     procs.orphans("sleep 3610 >/dev/null & echo $!", DEVBOX_BOX="testbox")
     procs.orphans("sleep 3611 >/dev/null & echo $!")
-    sampler = HostSampler(root_pid=os.getpid(), box_marker=MARKER, all_processes=False)
+    sampler = HostSampler(
+        root_pid=os.getpid(), box_marker=MARKER, all_processes=False, discovery_interval=0
+    )
     stats: list[int] = []
     environs: list[int] = []
     spy(monkeypatch, sampler, "stat", stats)
@@ -262,9 +274,9 @@ def test_a_process_is_judged_once_and_strangers_are_read_once(
 def spy(monkeypatch: pytest.MonkeyPatch, sampler: HostSampler, name: str, calls: list[int]) -> None:
     real = getattr(sampler._reader, name)
 
-    def recorded(pid: int) -> Any:
+    def recorded(pid: int, **kw: Any) -> Any:
         calls.append(pid)
-        return real(pid)
+        return real(pid, **kw)
 
     monkeypatch.setattr(sampler._reader, name, recorded)
 
