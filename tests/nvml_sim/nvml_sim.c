@@ -454,3 +454,17 @@ nvmlReturn_t nvmlDeviceGetProcessUtilization(nvmlDevice_t device,
     *count = n;
     return NVML_SUCCESS;
 }
+
+/* Calls the agent does not make but the peers in benchmarks/bench_telemetry.py (gpustat,
+ * nvitop) do, so that they run against the same simulated GPUs. */
+nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t device, unsigned int *index) {
+    CHECK(device, 0);
+    if (!index) return NVML_ERROR_INVALID_ARGUMENT;
+    *index = (unsigned int)(device - gpus);
+    return NVML_SUCCESS;
+}
+
+nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length) {
+    if (!init_count) return NVML_ERROR_UNINITIALIZED;
+    return copy_out("sim", version, length);
+}
