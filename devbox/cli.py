@@ -142,6 +142,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--history", action="store_true", help="with --json: the last 10 minutes first"
     )
 
+    tui = sub.add_parser("tui", parents=[backend], help="full-screen dashboard of your boxes")
+    tui.add_argument(
+        "--rate", type=_rate, default=1.0, help="telemetry samples per second per box (default 1)"
+    )
+
     pool = sub.add_parser("pool", help="kubernetes: the warm pool of unclaimed boxes")
     pool_sub = pool.add_subparsers(
         dest="pool_command", metavar="ACTION", parser_class=_Parser, required=True
@@ -175,6 +180,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         from devbox import commands
 
+        if args.command == "tui":
+            from tui.app import make_app
+
+            make_app(backend=commands.backend_for(args), rate=args.rate).run()
+            return 0
         return commands.dispatch(args)
     except DevboxError as exc:
         if debug:

@@ -11,6 +11,7 @@ import time
 from collections.abc import Sequence
 
 from devbox import config as config_mod
+from devbox import statsview
 from devbox.backends import get as get_backend
 from devbox.backends.base import Backend
 from devbox.boxes import Box, BoxSpec
@@ -18,7 +19,7 @@ from devbox.errors import EXIT_FAILURE, DevboxError, UsageError
 from devbox.names import validate_name
 
 
-def _backend(args: argparse.Namespace) -> Backend:
+def backend_for(args: argparse.Namespace) -> Backend:
     cfg = config_mod.load()
     overrides = {
         key: value
@@ -86,7 +87,7 @@ def _open(backend: Backend, box: Box) -> socket.socket:
 def up(args: argparse.Namespace) -> int:
     if args.name is not None:
         validate_name(args.name)
-    backend = _backend(args)
+    backend = backend_for(args)
     box = backend.claim(
         BoxSpec(gpus=args.gpus, profile=args.profile), name=args.name, port=args.port
     )
@@ -104,18 +105,8 @@ def up(args: argparse.Namespace) -> int:
     return _session(backend, box, None, interactive=True)
 
 
-def _age(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    seconds = int(seconds)
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            return f"{seconds // size}{unit}"
-    return f"{seconds}s"
-
-
 def ls(args: argparse.Namespace) -> int:
-    backend = _backend(args)
+    backend = backend_for(args)
     boxes = backend.list()
     now = time.time()
     if args.json:
@@ -129,8 +120,8 @@ def ls(args: argparse.Namespace) -> int:
                     b.backend,
                     b.state.value,
                     str(b.spec.gpus),
-                    _age(now - b.created_at),
-                    _age(b.idle_seconds(now)),
+                    statsview.age(now - b.created_at),
+                    statsview.age(b.idle_seconds(now)),
                 )
             )
         _table(rows)
@@ -144,7 +135,7 @@ def ls(args: argparse.Namespace) -> int:
 
 
 def down(args: argparse.Namespace) -> int:
-    backend = _backend(args)
+    backend = backend_for(args)
     backend.release(args.name, purge=args.purge)
     _refresh_ssh_config(backend)
     print(
@@ -157,7 +148,7 @@ def ssh(args: argparse.Namespace) -> int:
     words = list(args.cmd)
     if words[:1] == ["--"]:
         words = words[1:]
-    backend = _backend(args)
+    backend = backend_for(args)
     box = backend.get(args.name)
     if box.state.value not in ("running", "idle"):
         raise UsageError(f"box {box.name} is {box.state.value}: {box.reason or 'not reachable'}")
@@ -172,7 +163,7 @@ def ssh(args: argparse.Namespace) -> int:
 def proxy(args: argparse.Namespace) -> int:
     from devbox.ssh.proxy import bridge
 
-    backend = _backend(args)
+    backend = backend_for(args)
     box = backend.get(args.name)
     direct = getattr(backend, "bridge_stdio", None)
     if direct is not None:  # the kubernetes backend pumps its WebSocket onto stdio itself
@@ -185,7 +176,7 @@ def proxy(args: argparse.Namespace) -> int:
 def ssh_config(args: argparse.Namespace) -> int:
     from devbox.ssh import known_hosts, sshconfig
 
-    backend = _backend(args)
+    backend = backend_for(args)
     boxes = backend.list()
     for box in boxes:  # the config is only as good as the pins it points at
         if box.host_key:
@@ -204,7 +195,7 @@ def ssh_config(args: argparse.Namespace) -> int:
 def pool(args: argparse.Namespace) -> int:
     from devbox.backends.kubernetes import KubernetesBackend
 
-    backend = _backend(args)
+    backend = backend_for(args)
     if not isinstance(backend, KubernetesBackend):
         raise UsageError("the warm pool is a kubernetes feature: add --backend kubernetes")
     if args.pool_command == "warm":
@@ -225,7 +216,7 @@ def pool(args: argparse.Namespace) -> int:
                 b.spec.profile,
                 str(b.spec.gpus),
                 b.state.value,
-                _age(now - b.created_at),
+                statsview.age(now - b.created_at),
             )
             for b in boxes
         ]
@@ -234,12 +225,12 @@ def pool(args: argparse.Namespace) -> int:
 
 
 def stats(args: argparse.Namespace) -> int:
-    from devbox import protocol, statsview
+    from devbox import protocol
     from devbox.ssh import telemetry
 
     if args.history and not args.json:
         raise UsageError("--history needs --json (a terminal shows the newest sample only)")
-    backend = _backend(args)
+    backend = backend_for(args)
     box = backend.get(args.name)
     if box.state.value not in ("running", "idle"):
         raise UsageError(f"box {box.name} is {box.state.value}: {box.reason or 'not reachable'}")

@@ -31,6 +31,17 @@ def pct(value: float | None) -> str:
     return MISSING if value is None else f"{value:.0f}%"
 
 
+def age(seconds: float | None) -> str:
+    """A duration as its largest unit: 45s, 12m, 3h, 2d."""
+    if seconds is None:
+        return MISSING
+    seconds = int(seconds)
+    for unit, span in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= span:
+            return f"{seconds // span}{unit}"
+    return f"{seconds}s"
+
+
 def _num(value: float | None, unit: str, fmt: str = ".0f") -> str:
     return MISSING if value is None else f"{value:{fmt}}{unit}"
 

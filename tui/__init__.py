@@ -1,1 +1,2 @@
-"""The Textual dashboard (`devbox tui`); built in step 4. It talks to devbox only."""
+"""The Textual dashboard (`devbox tui`). It talks to devbox only: the app's workers reach
+boxes through a `tui.feed.Feed`; screens and widgets do no I/O."""

@@ -1,0 +1,138 @@
+"""A Feed that makes up boxes and telemetry, deterministically: for snapshot tests and the
+TUI benchmark (50 boxes x 8 GPUs at 10 Hz), where real agents would be too many for the
+machine or too variable for a picture."""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import math
+from collections.abc import AsyncIterator
+
+from devbox import protocol
+from devbox.boxes import Box, BoxSpec, BoxState
+from devbox.errors import DevboxError
+from devbox.protocol import BoxProcess, GpuSample, HostSample, Sample
+
+GIB = 1 << 30
+T0 = 1_800_000_000.0  # a fixed "now" for pictures
+
+
+def make_box(i: int, gpus: int, *, now: float = T0) -> Box:
+    return Box(
+        name=f"box-{i:02d}",
+        owner="ada",
+        backend="local",
+        spec=BoxSpec(gpus=gpus),
+        state=BoxState.RUNNING,
+        created_at=now - 3600 - 60 * i,
+        last_activity=now - 30 * i,
+    )
+
+
+def sample(box: int, gpus: int, seq: int, *, t: float, processes: int = 5) -> Sample:
+    gpu_list: list[GpuSample] = []
+    for g in range(gpus):
+        phase = seq / 10 + box + g
+        util = round(50 + 45 * math.sin(phase), 1)
+        gpu_list.append(
+            {
+                "index": g,
+                "uuid": f"GPU-{box:02d}-{g}",
+                "name": "Simulated H100",
+                "lost": False,
+                "util": util,
+                "mem_util": util / 2,
+                "mem_used": int((20 + g) * GIB),
+                "mem_total": 80 * GIB,
+                "power_w": 200 + 4 * util,
+                "power_limit_w": 700.0,
+                "temp_c": 40 + util / 3,
+                "sm_clock_mhz": 1980,
+                "pcie_tx_kbs": 1000,
+                "pcie_rx_kbs": 2000,
+                "ecc_corrected": 0,
+                "ecc_uncorrected": 0,
+                "processes": [
+                    {
+                        "pid": 1000 + g,
+                        "box_pid": 1000 + g,
+                        "kind": "compute",
+                        "mem_used": 18 * GIB,
+                        "sm_util": util,
+                        "mem_util": util / 2,
+                    }
+                ],
+            }
+        )
+    host: HostSample = {
+        "cpu": [25.0, 75.0],
+        "load1": 1.5,
+        "mem_used": 12 * GIB,
+        "mem_total": 64 * GIB,
+        "swap_used": 0,
+        "disk_read_bps": 0.0,
+        "disk_write_bps": 1024.0,
+        "net_rx_bps": 2048.0,
+        "net_tx_bps": 512.0,
+    }
+    procs: list[BoxProcess] = [
+        {
+            "pid": 1000 + p,
+            "ppid": 1,
+            "name": "python",
+            "cmdline": f"python train.py --shard {p}",
+            "user": "ada",
+            "cpu": 100.0 - p,
+            "rss": (2 + p) * GIB,
+            "threads": 8,
+        }
+        for p in range(processes)
+    ]
+    return {"t": t, "seq": seq, "gpus": gpu_list, "host": host, "processes": procs}
+
+
+class SyntheticFeed:
+    """`boxes` boxes of `gpus` GPUs each, streaming at whatever rate is asked."""
+
+    def __init__(
+        self, boxes: int = 3, gpus: int = 2, *, history: int = 60, live: bool = True
+    ) -> None:
+        self.live = live  # False: one sample after the history, then silence (pictures)
+        self.box_list = [make_box(i, gpus) for i in range(boxes)]
+        self.gpus = gpus
+        self.history = history
+        self.entered: list[str] = []
+        self.fail_next_stream: set[str] = set()  # fault injection for reconnect tests
+
+    async def boxes(self) -> builtins.list[Box]:
+        return list(self.box_list)
+
+    async def stream(self, box: Box, *, rate: float) -> AsyncIterator[protocol.Frame]:
+        index = sum(map(ord, box.name)) % 50
+        old = [sample(index, self.gpus, s, t=T0 - self.history + s) for s in range(self.history)]
+        yield protocol.Frame(protocol.HISTORY, {"samples": old})
+        seq = self.history
+        while True:
+            if box.name in self.fail_next_stream:
+                self.fail_next_stream.discard(box.name)
+                raise DevboxError(f"lost the connection to box {box.name}: injected")
+            yield protocol.Frame(protocol.SAMPLE, dict(sample(index, self.gpus, seq, t=T0)))
+            seq += 1
+            if not self.live:
+                await asyncio.Event().wait()
+            await asyncio.sleep(1.0 / rate)
+
+    async def claim(self, spec: BoxSpec, *, name: str | None, backend: str | None) -> Box:
+        box = make_box(len(self.box_list), spec.gpus)
+        if name is not None:
+            box = Box(**{**box.__dict__, "name": name})
+        self.box_list.append(box)
+        return box
+
+    async def release(self, box: Box) -> None:
+        self.box_list = [b for b in self.box_list if b.name != box.name]
+
+    def enter_argv(self, box: Box) -> builtins.list[str]:
+        self.entered.append(box.name)
+        return ["true"]

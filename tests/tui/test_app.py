@@ -1,0 +1,194 @@
+"""The dashboard's behaviour, driven by Textual's Pilot against a made-up feed: what the
+user does (filter, open, claim, release, enter) and what the app does by itself
+(redraw only what changed, reconnect a lost stream)."""
+
+from __future__ import annotations
+
+import asyncio
+
+from textual.widgets import DataTable, Input, Sparkline, Static
+
+from tests.tui.synthetic import T0, SyntheticFeed
+from tui.app import DevboxApp, make_app
+from tui.screens.box import BoxScreen, GpuPanel
+from tui.screens.boxes import BoxesScreen
+from tui.screens.modals import ClaimScreen, ConfirmScreen
+
+SIZE = (140, 40)
+
+
+def app_for(feed: SyntheticFeed, **options: object) -> DevboxApp:
+    return make_app(feed=feed, clock=lambda: T0, list_interval=0.2, **options)
+
+
+async def until(condition: object, timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not condition():  # type: ignore[operator]
+        assert asyncio.get_running_loop().time() < deadline, "condition never held"
+        await asyncio.sleep(0.02)
+
+
+def boxes_screen(app: DevboxApp) -> BoxesScreen:
+    assert isinstance(app.screen, BoxesScreen), app.screen
+    return app.screen
+
+
+def cell(app: DevboxApp, name: str, column: str) -> str:
+    return str(app.screen.query_one("#boxes", DataTable).get_cell(name, column))
+
+
+async def test_boxes_show_live_telemetry() -> None:
+    app = app_for(SyntheticFeed(3, 2), rate=20)
+    async with app.run_test(size=SIZE):
+        await until(lambda: len(boxes_screen(app).shown) == 3)
+        await until(lambda: all(v.link == "live" for v in app.store.views.values()))
+        assert boxes_screen(app).shown == ["box-00", "box-01", "box-02"]
+        assert cell(app, "box-01", "STATE") == "running"
+        assert cell(app, "box-01", "GPU MEM") == "41.0G/160.0G"
+        assert cell(app, "box-01", "AGE") == "1h"
+        # The sparkline spans the history the stream replayed first.
+        assert len(cell(app, "box-01", "GPU UTIL").strip()) == 16
+        detail = str(app.screen.query_one("#detail", Static).render())
+        assert "box-00" in detail and "GPU 1 Simulated H100" in detail
+
+
+async def test_filter_narrows_and_escape_restores() -> None:
+    app = app_for(SyntheticFeed(12, 1))
+    async with app.run_test(size=SIZE) as pilot:
+        await until(lambda: len(boxes_screen(app).shown) == 12)
+        await pilot.press("slash", "1", "1")
+        assert app.screen.query_one("#filter", Input).has_focus
+        assert boxes_screen(app).shown == ["box-11"]
+        await pilot.press("escape")
+        assert len(boxes_screen(app).shown) == 12
+        assert app.screen.query_one("#boxes", DataTable).has_focus
+
+
+async def test_open_a_box_shows_a_chart_per_gpu_and_escape_goes_back() -> None:
+    app = app_for(SyntheticFeed(2, 4), rate=20)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(lambda: len(boxes_screen(app).shown) == 2)
+        await pilot.press("j", "enter")
+        assert isinstance(app.screen, BoxScreen) and app.screen.box_name == "box-01"
+        await until(lambda: len(app.screen.query(GpuPanel)) == 4)
+        await until(lambda: len(app.screen.query_one("#gpu-3-util", Sparkline).data or []) >= 60)
+        procs = app.screen.query_one("#procs", DataTable)
+        await until(lambda: procs.row_count == 5)
+        assert app.screen.query_one("#gpu-procs", DataTable).row_count == 4
+        await pilot.press("escape")
+        assert isinstance(app.screen, BoxesScreen)
+
+
+async def test_redraw_touches_only_boxes_that_changed() -> None:
+    feed = SyntheticFeed(3, 1, live=False)
+    app = app_for(feed)
+    async with app.run_test(size=SIZE):
+        await until(lambda: all(v.sample for v in app.store.views.values()))
+        await asyncio.sleep(0.3)
+        table = app.screen.query_one("#boxes", DataTable)
+        updated: list[object] = []
+        real = table.update_cell
+
+        def spy(row: object, column: object, value: object, **kw: object) -> None:
+            updated.append(row)
+            real(row, column, value, **kw)  # type: ignore[arg-type]
+
+        table.update_cell = spy  # type: ignore[method-assign]
+        app.store.link("box-01", "lost: test")
+        await until(lambda: bool(updated))
+        await asyncio.sleep(0.3)
+        assert set(updated) == {"box-01"}
+        assert cell(app, "box-01", "STATE") == "lost"
+
+
+async def test_a_burst_of_samples_is_drawn_once() -> None:
+    app = app_for(SyntheticFeed(1, 1, live=False), redraw_hz=2)
+    async with app.run_test(size=SIZE):
+        await until(lambda: app.store.views.get("box-00") and app.store.views["box-00"].sample)
+        calls: list[set[str]] = []
+        screen = boxes_screen(app)
+        real = screen.show
+
+        def spy(store: object, dirty: set[str], *, relist: bool) -> None:
+            calls.append(set(dirty))
+            real(store, dirty, relist=relist)  # type: ignore[arg-type]
+
+        screen.show = spy  # type: ignore[method-assign]
+        view = app.store.views["box-00"]
+        assert view.sample is not None
+        for seq in range(100):  # 100 samples inside one redraw period
+            app.store.frame("box-00", _sample_frame(view.sample, seq))
+        await until(lambda: bool(calls), timeout=3)
+        await asyncio.sleep(0.6)
+        assert calls == [{"box-00"}]
+        assert view.sample["seq"] == 99
+
+
+def _sample_frame(base: dict[str, object], seq: int) -> object:
+    from devbox import protocol
+
+    return protocol.Frame(protocol.SAMPLE, {**base, "seq": seq})
+
+
+async def test_a_lost_stream_shows_and_reconnects_by_itself() -> None:
+    feed = SyntheticFeed(2, 1)
+    app = app_for(feed, rate=20)
+    async with app.run_test(size=SIZE):
+        await until(lambda: app.store.views.get("box-01") and app.store.views["box-01"].sample)
+        states: list[str] = []
+        real_link = app.store.link
+
+        def record(name: str, state: str) -> None:
+            if name == "box-01":
+                states.append(state)
+            real_link(name, state)
+
+        app.store.link = record  # type: ignore[method-assign]
+        feed.fail_next_stream.add("box-01")
+        await until(lambda: any(s.startswith("lost:") for s in states))
+        await until(lambda: app.store.views["box-01"].link == "live")
+        assert "lost: lost the connection to box box-01: injected" in states
+        assert app.store.views["box-00"].link == "live"  # the other box never noticed
+
+
+async def test_claim_validates_then_claims() -> None:
+    feed = SyntheticFeed(1, 1)
+    app = app_for(feed)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(lambda: len(boxes_screen(app).shown) == 1)
+        await pilot.press("c")
+        assert isinstance(app.screen, ClaimScreen)
+        await pilot.press(*"Bad_Name", "enter")
+        error = str(app.screen.query_one("#error").render())
+        assert "invalid box name 'Bad_Name'" in error
+        assert isinstance(app.screen, ClaimScreen)  # still open, nothing claimed
+        app.screen.query_one("#name", Input).value = "fresh"
+        app.screen.query_one("#gpus", Input).value = "2"
+        await pilot.press("enter")
+        await until(lambda: "fresh" in boxes_screen(app).shown)
+        assert [b.spec.gpus for b in feed.box_list if b.name == "fresh"] == [2]
+
+
+async def test_release_asks_first() -> None:
+    feed = SyntheticFeed(2, 1)
+    app = app_for(feed)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(lambda: len(boxes_screen(app).shown) == 2)
+        await pilot.press("ctrl+d")
+        assert isinstance(app.screen, ConfirmScreen)
+        await pilot.press("n")
+        assert len(feed.box_list) == 2
+        await pilot.press("ctrl+d", "y")
+        await until(lambda: boxes_screen(app).shown == ["box-01"])
+        assert [b.name for b in feed.box_list] == ["box-01"]
+
+
+async def test_help_and_quit() -> None:
+    app = app_for(SyntheticFeed(1, 1))
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("question_mark")
+        assert app.screen.query("HelpPanel")
+        await pilot.press("question_mark")
+        assert not app.screen.query("HelpPanel")
+        await pilot.press("q")
+    assert app.return_code == 0

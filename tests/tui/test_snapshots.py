@@ -1,0 +1,54 @@
+"""SVG snapshots of the two main screens at a fixed size, with fixed made-up telemetry and
+a fixed clock. After an intended change of the look, refresh them with
+`DEVBOX_UPDATE_SNAPSHOTS=1 pytest tests/tui/test_snapshots.py` and review the diff (the
+README shows these same files)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.tui.synthetic import SyntheticFeed
+from tests.tui.test_app import app_for, until
+from tui.screens.box import GpuPanel
+
+SNAPSHOTS = Path(__file__).with_name("snapshots")
+SIZE = (120, 34)
+
+
+def check(svg: str, name: str, tmp_path: Path) -> None:
+    expected = SNAPSHOTS / name
+    if os.environ.get("DEVBOX_UPDATE_SNAPSHOTS"):
+        SNAPSHOTS.mkdir(exist_ok=True)
+        expected.write_text(svg)
+        return
+    if not expected.exists():
+        pytest.fail(f"no snapshot {expected}; run with DEVBOX_UPDATE_SNAPSHOTS=1 to make it")
+    if svg != expected.read_text():
+        actual = tmp_path / name
+        actual.write_text(svg)
+        pytest.fail(f"{name} differs from its snapshot; this run's picture is {actual}")
+
+
+async def test_boxes_screen(tmp_path: Path) -> None:
+    app = app_for(SyntheticFeed(6, 8, live=False))
+    async with app.run_test(size=SIZE) as pilot:
+        await until(lambda: len(app.store.views) == 6)
+        await until(lambda: all(v.sample for v in app.store.views.values()))
+        await pilot.press("j", "j")
+        await pilot.pause(0.3)
+        svg = app.export_screenshot(title="devbox tui")
+    check(svg, "boxes.svg", tmp_path)
+
+
+async def test_box_screen(tmp_path: Path) -> None:
+    app = app_for(SyntheticFeed(2, 4, live=False))
+    async with app.run_test(size=SIZE) as pilot:
+        await until(lambda: all(v.sample for v in app.store.views.values()) and app.store.views)
+        await pilot.press("enter")
+        await until(lambda: len(app.screen.query(GpuPanel)) == 4)
+        await pilot.pause(0.3)
+        svg = app.export_screenshot(title="devbox tui")
+    check(svg, "box.svg", tmp_path)

@@ -1,0 +1,242 @@
+"""`devbox tui`: the app, its workers, and the clock that redraws.
+
+Workers (this module) do all I/O through a `Feed` and write into a `Store`; a timer at
+`redraw_hz` hands the current screen the names of the boxes that changed since the last
+redraw. Between two redraws any number of samples may arrive for a box; only its newest
+is drawn. Screens and widgets never do I/O.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Callable
+from functools import partial
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
+
+from textual.app import App, SuspendNotSupported
+from textual.binding import Binding, BindingType
+from textual.command import Hit, Hits, Provider
+from textual.worker import Worker
+
+from devbox.backends.base import Backend
+from devbox.boxes import Box, BoxSpec, BoxState
+from devbox.errors import DevboxError
+from tui.feed import BackendFeed, Feed, Store, run_attached
+from tui.screens.box import BoxScreen
+from tui.screens.boxes import BoxesScreen
+from tui.screens.modals import ClaimRequest, ClaimScreen, ConfirmScreen
+
+# How long a lost telemetry link waits before it tries again, doubling up to the last.
+BACKOFF = (0.5, 1.0, 2.0, 5.0, 10.0)
+_LIVE = frozenset({BoxState.RUNNING, BoxState.IDLE})
+
+
+class Redrawable(Protocol):
+    def show(self, store: Store, dirty: set[str], *, relist: bool) -> None: ...
+
+
+class BoxCommands(Provider):
+    """The command palette (ctrl+p): open, enter or release any box by name, or claim."""
+
+    async def search(self, query: str) -> Hits:
+        app = self.app
+        assert isinstance(app, DevboxApp)
+        matcher = self.matcher(query)
+        commands: list[tuple[str, Callable[[], object], str]] = [
+            ("claim a box", app.action_claim, "open the claim dialog")
+        ]
+        for name in sorted(app.store.views):
+            commands += [
+                (f"open {name}", partial(app.open_box, name), "GPU charts and processes"),
+                (f"shell {name}", partial(app.enter_box, name), "attach its session"),
+                (f"release {name}", partial(app.ask_release, name), "asks first; home kept"),
+            ]
+        for text, action, help_text in commands:
+            score = matcher.match(text)
+            if score > 0:
+                yield Hit(score, matcher.highlight(text), action, help=help_text)
+
+
+class DevboxApp(App[None]):
+    CSS_PATH = Path(__file__).with_name("app.tcss")
+    TITLE = "devbox"
+    COMMANDS: ClassVar = App.COMMANDS | {BoxCommands}
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("q", "quit", "Quit"),
+        Binding("question_mark", "help", "Help", key_display="?"),
+    ]
+
+    def __init__(
+        self,
+        *,
+        feed: Feed,
+        backend_name: str = "local",
+        rate: float = 1.0,
+        list_interval: float = 2.0,
+        redraw_hz: float = 10.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        super().__init__()
+        self.clock = clock  # ages and idle times; tests fix it for snapshots
+        self.feed = feed
+        self.backend_name = backend_name
+        self.rate = rate
+        self.list_interval = list_interval
+        self.redraw_hz = redraw_hz
+        self.store = Store()
+        self.streams: dict[str, Worker[None]] = {}
+        self._relist = asyncio.Event()
+
+    def on_mount(self) -> None:
+        self.push_screen(BoxesScreen())
+        self.run_worker(self._follow_boxes(), name="boxes", group="boxes")
+        self.set_interval(1.0 / self.redraw_hz, self.redraw)
+
+    # --- the redraw clock ----------------------------------------------------------
+
+    def redraw(self) -> None:
+        relist, self.store.boxes_changed = self.store.boxes_changed, False
+        dirty = self.store.take_dirty()
+        if not (dirty or relist):
+            return
+        screen = self.screen
+        if isinstance(screen, BoxesScreen | BoxScreen):
+            screen.show(self.store, dirty, relist=relist)
+
+    # --- workers: boxes and their telemetry -----------------------------------------
+
+    async def _follow_boxes(self) -> None:
+        while True:
+            try:
+                boxes = await self.feed.boxes()
+            except DevboxError as exc:
+                if self.store.problem != exc.message:
+                    self.store.problem = exc.message
+                    self.store.boxes_changed = True  # the title says what is wrong
+            else:
+                if self.store.problem is not None:
+                    self.store.problem, self.store.boxes_changed = None, True
+                self.store.set_boxes(boxes)
+                self._sync_streams(boxes)
+            self._relist.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._relist.wait(), self.list_interval)
+
+    def _sync_streams(self, boxes: list[Box]) -> None:
+        live = {b.name: b for b in boxes if b.state in _LIVE}
+        for name in list(self.streams):
+            if name not in live:
+                self.streams.pop(name).cancel()
+        for name, box in live.items():
+            if name not in self.streams:
+                self.streams[name] = self.run_worker(
+                    self._stream(box), name=f"stream {name}", group="streams"
+                )
+
+    async def _stream(self, box: Box) -> None:
+        """Follow one box's telemetry for as long as the box lives; reconnect on loss."""
+        attempt = 0
+        while True:
+            self.store.link(box.name, "connecting")
+            try:
+                frames: AsyncIterator[object] = self.feed.stream(box, rate=self.rate)
+                async for frame in frames:
+                    self.store.frame(box.name, frame)  # type: ignore[arg-type]
+                    attempt = 0
+                reason = "the stream ended"
+            except DevboxError as exc:
+                reason = exc.message
+            except (OSError, EOFError, ConnectionError) as exc:
+                reason = str(exc) or type(exc).__name__
+            self.store.link(box.name, f"lost: {reason}")
+            await asyncio.sleep(BACKOFF[min(attempt, len(BACKOFF) - 1)])
+            attempt += 1
+
+    def relist(self) -> None:
+        self._relist.set()
+
+    # --- actions (screens call these; the work runs in workers) ----------------------
+
+    def open_box(self, name: str) -> None:
+        self.push_screen(BoxScreen(name))
+
+    def enter_box(self, name: str) -> None:
+        view = self.store.views.get(name)
+        if view is None or view.box.state not in _LIVE:
+            self.notify(f"box {name} is not running", severity="warning")
+            return
+        argv = self.feed.enter_argv(view.box)
+        try:
+            with self.suspend():
+                status = run_attached(argv)
+        except SuspendNotSupported:
+            self.notify("this terminal cannot hand over to a session", severity="error")
+            return
+        if status not in (0, 130):
+            self.notify(f"the session of {name} ended with status {status}", severity="warning")
+        self.refresh()
+
+    def action_claim(self) -> None:
+        self.push_screen(ClaimScreen(backend=self.backend_name), self._claim_chosen)
+
+    def _claim_chosen(self, request: ClaimRequest | None) -> None:
+        if request is not None:
+            self.run_worker(self._claim(request), name="claim", group="actions")
+
+    async def _claim(self, request: ClaimRequest) -> None:
+        label = request.name or "a box"
+        self.notify(f"claiming {label} ({request.gpus} GPUs, {request.backend})...")
+        try:
+            box = await self.feed.claim(
+                BoxSpec(gpus=request.gpus, profile=request.profile),
+                name=request.name,
+                backend=request.backend,
+            )
+        except DevboxError as exc:
+            self.notify(exc.message, title="claim failed", severity="error", timeout=10)
+            return
+        self.notify(f"box {box.name} is up; s opens its session")
+        self.relist()
+
+    def ask_release(self, name: str) -> None:
+        self.push_screen(
+            ConfirmScreen(f"Release box {name}? Its home is kept."),
+            partial(self._release_chosen, name),
+        )
+
+    def _release_chosen(self, name: str, yes: bool | None) -> None:
+        view = self.store.views.get(name)
+        if yes and view is not None:
+            self.run_worker(self._release(view.box), name="release", group="actions")
+
+    async def _release(self, box: Box) -> None:
+        try:
+            await self.feed.release(box)
+        except DevboxError as exc:
+            self.notify(exc.message, title="release failed", severity="error", timeout=10)
+            return
+        self.notify(f"box {box.name} released (its home is kept)")
+        if isinstance(self.screen, BoxScreen) and self.screen.box_name == box.name:
+            self.pop_screen()
+        self.relist()
+
+    def action_help(self) -> None:
+        if self.screen.query("HelpPanel"):
+            self.action_hide_help_panel()
+        else:
+            self.action_show_help_panel()
+
+
+def make_app(
+    *, backend: Backend | None = None, feed: Feed | None = None, **options: Any
+) -> DevboxApp:
+    """The dashboard for `backend` (the real thing) or `feed` (tests, benchmarks, demos)."""
+    if feed is None:
+        if backend is None:
+            raise ValueError("make_app needs a backend or a feed")
+        feed = BackendFeed(backend)
+    name = backend.name if backend is not None else "local"
+    return DevboxApp(feed=feed, backend_name=name, **options)

@@ -1,0 +1,185 @@
+"""The dashboard's one door to the world: boxes from a backend, and each box's telemetry.
+
+Screens and widgets never call this; the app's workers do, and they write what arrives
+into a `Store` that the UI reads on its own clock. That is what keeps the UI smooth with
+50 boxes streaming at 10 Hz: a box's newer sample replaces an older one nobody has drawn
+yet, and only boxes that changed are redrawn.
+
+`Feed` is the seam: `BackendFeed` is the real one (a devbox backend and the boxes'
+SSH connections); tests and benchmarks pass their own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import collections
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from devbox import protocol
+from devbox.backends.base import Backend
+from devbox.boxes import Box, BoxSpec
+from devbox.errors import DevboxError
+from devbox.protocol import Sample
+
+# Seconds of 1 Hz history kept per box for sparklines and charts (the agent keeps 600).
+HISTORY_POINTS = 120
+
+
+class Feed(Protocol):
+    async def boxes(self) -> builtins.list[Box]:
+        """Every box of this user, now."""
+        ...
+
+    def stream(self, box: Box, *, rate: float) -> AsyncIterator[protocol.Frame]:
+        """The box's telemetry: HISTORY frames first, then SAMPLE frames, until it fails."""
+        ...
+
+    async def claim(self, spec: BoxSpec, *, name: str | None, backend: str | None) -> Box: ...
+
+    async def release(self, box: Box) -> None: ...
+
+    def enter_argv(self, box: Box) -> builtins.list[str]:
+        """The command that attaches the box's session, run while the app is suspended."""
+        ...
+
+
+class BackendFeed:
+    """Boxes and telemetry through devbox's own backend and SSH client: the same code the
+    CLI runs. Blocking backend calls go to threads."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+
+    async def boxes(self) -> builtins.list[Box]:
+        return await asyncio.to_thread(self.backend.list)
+
+    async def stream(self, box: Box, *, rate: float) -> AsyncIterator[protocol.Frame]:
+        from devbox.ssh import client, telemetry
+
+        try:
+            sock = await asyncio.to_thread(self.backend.open_socket, box)
+        except OSError as exc:
+            raise DevboxError(f"cannot reach box {box.name}: {exc.strerror or exc}") from None
+        sock.settimeout(None)
+        conn = await client.connect(box, sock)
+        try:
+            async for frame in telemetry.frames(conn, box.name, rate=rate, history=True):
+                yield frame
+        finally:
+            conn.close()
+
+    async def claim(self, spec: BoxSpec, *, name: str | None, backend: str | None) -> Box:
+        chosen = self.backend
+        if backend is not None and backend != self.backend.name:
+            from devbox import config
+            from devbox.backends import get
+
+            chosen = get(backend, config.load())
+        return await asyncio.to_thread(chosen.claim, spec, name=name)
+
+    async def release(self, box: Box) -> None:
+        await asyncio.to_thread(self.backend.release, box.name)
+
+    def enter_argv(self, box: Box) -> builtins.list[str]:
+        return [sys.executable, "-m", "devbox", "ssh", "--backend", box.backend, box.name]
+
+
+def run_attached(argv: builtins.list[str]) -> int:
+    """Run an interactive command on the terminal (the app is suspended meanwhile)."""
+    return subprocess.run(argv, check=False).returncode
+
+
+@dataclass
+class BoxView:
+    """What the UI knows about one box: its record, its newest sample, recent history."""
+
+    box: Box
+    sample: Sample | None = None
+    # Mean GPU utilisation per second, for the table's sparkline.
+    util: collections.deque[float] = field(
+        default_factory=lambda: collections.deque(maxlen=HISTORY_POINTS)
+    )
+    # Per GPU index: (util, memory %, power W, temperature C) per second, for the charts.
+    gpu_history: dict[int, collections.deque[tuple[float, float, float, float]]] = field(
+        default_factory=dict
+    )
+    link: str = "connecting"  # "live", "connecting", or "lost: why"
+    _last_history_t: float = 0.0
+
+    def add(self, sample: Sample) -> None:
+        self.sample = sample
+        # History at 1 Hz whatever the stream's rate: charts span minutes, not seconds.
+        if sample["t"] - self._last_history_t >= 0.95:
+            self._last_history_t = sample["t"]
+            self._record(sample)
+
+    def add_history(self, samples: builtins.list[Sample]) -> None:
+        for s in samples:
+            self._last_history_t = s["t"]
+            self._record(s)
+
+    def _record(self, sample: Sample) -> None:
+        utils = [g["util"] for g in sample["gpus"] if g["util"] is not None]
+        self.util.append(sum(utils) / len(utils) if utils else 0.0)
+        for g in sample["gpus"]:
+            points = self.gpu_history.setdefault(
+                g["index"], collections.deque(maxlen=HISTORY_POINTS)
+            )
+            used, total = g["mem_used"], g["mem_total"]
+            mem_pct = 100.0 * used / total if used is not None and total else 0.0
+            points.append((g["util"] or 0.0, mem_pct, g["power_w"] or 0.0, g["temp_c"] or 0.0))
+
+
+class Store:
+    """The newest of everything, written by workers, read by the UI on its clock."""
+
+    def __init__(self) -> None:
+        self.views: dict[str, BoxView] = {}
+        self.dirty: set[str] = set()
+        self.boxes_changed = True  # the first redraw builds the table
+        self.listed_at = 0.0
+        self.problem: str | None = None  # why the box list could not be read
+
+    def set_boxes(self, boxes: builtins.list[Box]) -> None:
+        names = {b.name for b in boxes}
+        if names != self.views.keys():
+            self.boxes_changed = True  # rows come or go: the table is rebuilt
+        for gone in self.views.keys() - names:
+            del self.views[gone]
+        for box in boxes:
+            view = self.views.get(box.name)
+            if view is None:
+                self.views[box.name] = BoxView(box)
+            elif view.box != box:
+                view.box = box
+            else:
+                continue
+            self.dirty.add(box.name)
+        self.listed_at = time.time()
+
+    def frame(self, name: str, frame: protocol.Frame) -> None:
+        view = self.views.get(name)
+        if view is None:
+            return
+        if frame.type == protocol.HISTORY:
+            view.add_history(frame.body.get("samples", []))
+        elif frame.type == protocol.SAMPLE:
+            view.add(frame.body)  # type: ignore[arg-type]
+        view.link = "live"
+        self.dirty.add(name)
+
+    def link(self, name: str, state: str) -> None:
+        view = self.views.get(name)
+        if view is not None and view.link != state:
+            view.link = state
+            self.dirty.add(name)
+
+    def take_dirty(self) -> set[str]:
+        dirty, self.dirty = self.dirty, set()
+        return dirty

@@ -1,0 +1,1 @@
+"""The dashboard's screens: boxes, one box, and the modal dialogs."""

@@ -1,0 +1,170 @@
+"""One box: per-GPU charts over the recent history, the processes on its GPUs and in the
+box, and its host figures. The model screen (step 5) will open from here."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
+from textual.widgets import DataTable, Footer, Header, Label, Sparkline, Static
+
+from tui.feed import BoxView, Store
+from tui.screens.base import AppScreen
+from tui.widgets.text import pct, size
+
+CHARTS = ("util", "mem", "power", "temp")
+TOP_PROCESSES = 30
+
+
+class GpuPanel(Vertical):
+    """One GPU: a title line and four sparklines (utilisation, memory, power, temperature)."""
+
+    def __init__(self, index: int) -> None:
+        super().__init__(id=f"gpu-{index}", classes="gpu")
+        self.index = index
+
+    def compose(self) -> ComposeResult:
+        yield Label(f"GPU {self.index}", classes="gpu-title")
+        for chart in CHARTS:
+            with Horizontal(classes="chart-row"):
+                yield Label(chart, classes="chart-label")
+                yield Sparkline([], id=f"gpu-{self.index}-{chart}", classes=f"chart {chart}")
+
+    def show(self, view: BoxView) -> None:
+        sample = view.sample
+        gpu = (
+            next((g for g in sample["gpus"] if g["index"] == self.index), None) if sample else None
+        )
+        title = self.query_one(".gpu-title", Label)
+        if gpu is None:
+            title.update(f"GPU {self.index}: no sample yet")
+        elif gpu["lost"]:
+            title.update(f"GPU {self.index} {gpu['name']}: LOST")
+        else:
+            power = "-" if gpu["power_w"] is None else f"{gpu['power_w']:.0f}W"
+            temp = "-" if gpu["temp_c"] is None else f"{gpu['temp_c']:.0f}C"
+            title.update(
+                f"GPU {self.index} {gpu['name']}  util {pct(gpu['util'])}  "
+                f"mem {size(gpu['mem_used'])}/{size(gpu['mem_total'])}  {power}  {temp}"
+            )
+        points = list(view.gpu_history.get(self.index, ()))
+        for i, chart in enumerate(CHARTS):
+            self.query_one(f"#gpu-{self.index}-{chart}", Sparkline).data = [p[i] for p in points]
+
+
+class BoxScreen(AppScreen):
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("escape", "app.pop_screen", "Back"),
+        Binding("s", "enter_box", "Shell"),
+        Binding("ctrl+d", "release", "Release"),
+    ]
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self.box_name = name
+        self.gpu_indices: list[int] = []
+        self.ready = False
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield Static(id="summary")
+        with VerticalScroll():
+            yield Grid(id="gpus")
+            yield Label("Processes on the GPUs", classes="section")
+            yield DataTable(id="gpu-procs", cursor_type="none")
+            yield Label("Busiest processes in the box", classes="section")
+            yield DataTable(id="procs", cursor_type="none")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.ready = True
+        self.title = f"box {self.box_name}"
+        self.query_one("#gpu-procs", DataTable).add_columns(
+            "GPU", "PID", "BOX PID", "KIND", "GPU MEM", "SM", "COMMAND"
+        )
+        self.query_one("#procs", DataTable).add_columns(
+            "PID", "USER", "CPU", "RSS", "THREADS", "COMMAND"
+        )
+        self.show(self.devbox.store, {self.box_name}, relist=True)
+
+    def show(self, store: Store, dirty: set[str], *, relist: bool) -> None:
+        if not self.ready:
+            return  # the redraw clock can tick between compose and on_mount
+        view = store.views.get(self.box_name)
+        if view is None:
+            self.query_one("#summary", Static).update(f"box {self.box_name} is gone")
+            return
+        if self.box_name not in dirty and not relist:
+            return
+        self._summary(view)
+        sample = view.sample
+        indices = [g["index"] for g in sample["gpus"]] if sample else sorted(view.gpu_history)
+        grid = self.query_one("#gpus", Grid)
+        if indices != self.gpu_indices:
+            grid.remove_children()
+            grid.mount_all([GpuPanel(i) for i in indices])
+            self.gpu_indices = indices
+            self.call_after_refresh(self._show_gpus, view)
+        else:
+            self._show_gpus(view)
+        if sample is not None:
+            self._processes(view)
+
+    def _show_gpus(self, view: BoxView) -> None:
+        for panel in self.query(GpuPanel):
+            panel.show(view)
+
+    def _summary(self, view: BoxView) -> None:
+        box, sample = view.box, view.sample
+        parts = [f"[b]{box.name}[/b]", box.backend, box.state.value, f"telemetry: {view.link}"]
+        if sample is not None:
+            host = sample["host"]
+            cpu = sum(host["cpu"]) / len(host["cpu"]) if host["cpu"] else None
+            parts.append(
+                f"cpu {pct(cpu)} of {len(host['cpu'])}  "
+                f"mem {size(host['mem_used'])}/{size(host['mem_total'])}"
+            )
+        if box.reason:
+            parts.append(box.reason)
+        self.query_one("#summary", Static).update("  ".join(parts))
+
+    def _processes(self, view: BoxView) -> None:
+        sample = view.sample
+        assert sample is not None
+        names = {p["pid"]: p["cmdline"] or p["name"] for p in sample["processes"]}
+        gpu_table = self.query_one("#gpu-procs", DataTable)
+        gpu_table.clear()
+        for g in sample["gpus"]:
+            for p in g["processes"]:
+                box_pid = p["box_pid"]
+                gpu_table.add_row(
+                    str(g["index"]),
+                    str(p["pid"]),
+                    "-" if box_pid is None else str(box_pid),
+                    p["kind"],
+                    size(p["mem_used"]),
+                    pct(p["sm_util"]),
+                    names.get(box_pid, "-") if box_pid is not None else "-",
+                )
+        table = self.query_one("#procs", DataTable)
+        table.clear()
+        busiest = sorted(
+            sample["processes"], key=lambda p: (p["cpu"] or 0.0, p["rss"] or 0), reverse=True
+        )
+        for proc in busiest[:TOP_PROCESSES]:
+            table.add_row(
+                str(proc["pid"]),
+                proc["user"] or "-",
+                pct(proc["cpu"]),
+                size(proc["rss"]),
+                "-" if proc["threads"] is None else str(proc["threads"]),
+                (proc["cmdline"] or proc["name"])[:100],
+            )
+
+    def action_enter_box(self) -> None:
+        self.devbox.enter_box(self.box_name)
+
+    def action_release(self) -> None:
+        self.devbox.ask_release(self.box_name)

@@ -1,0 +1,210 @@
+"""The boxes screen: every box in a table with a live GPU sparkline, a filter, and the
+selected box's detail below."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.widgets import DataTable, Footer, Header, Input, Static
+
+from tui.feed import BoxView, Store
+from tui.screens.base import AppScreen
+from tui.widgets.text import age, pct, size, spark
+
+COLUMNS = (
+    "NAME",
+    "BACKEND",
+    "STATE",
+    "OWNER",
+    "GPUS",
+    "GPU UTIL",
+    "UTIL",
+    "GPU MEM",
+    "IDLE",
+    "AGE",
+)
+
+
+def row(view: BoxView, now: float) -> tuple[str, ...]:
+    box, sample = view.box, view.sample
+    used = total = 0
+    util: float | None = None
+    if sample is not None and sample["gpus"]:
+        used = sum(g["mem_used"] or 0 for g in sample["gpus"])
+        total = sum(g["mem_total"] or 0 for g in sample["gpus"])
+        utils = [g["util"] for g in sample["gpus"] if g["util"] is not None]
+        util = sum(utils) / len(utils) if utils else None
+    state = box.state.value if view.link == "live" or box.state.value != "running" else view.link
+    return (
+        box.name,
+        box.backend,
+        state.split(":")[0],
+        box.owner,
+        str(box.spec.gpus),
+        spark(view.util) if box.spec.gpus else "",
+        pct(util) if box.spec.gpus else "",
+        f"{size(used)}/{size(total)}" if total else "-",
+        age(box.idle_seconds(now)),
+        age(now - box.created_at) if box.created_at else "-",
+    )
+
+
+def detail(view: BoxView | None) -> str:
+    if view is None:
+        return "No box selected. c claims one."
+    box, sample = view.box, view.sample
+    lines = [f"[b]{box.name}[/b]  {box.backend}  {box.state.value}  telemetry: {view.link}"]
+    if box.reason:
+        lines.append(box.reason)
+    if sample is None:
+        return "\n".join(lines)
+    for g in sample["gpus"]:
+        if g["lost"]:
+            lines.append(f"GPU {g['index']} {g['name']}: LOST")
+            continue
+        power = "-" if g["power_w"] is None else f"{g['power_w']:.0f} W"
+        temp = "-" if g["temp_c"] is None else f"{g['temp_c']:.0f} C"
+        lines.append(
+            f"GPU {g['index']} {g['name']}: util {pct(g['util'])}  "
+            f"mem {size(g['mem_used'])}/{size(g['mem_total'])}  {power}  {temp}  "
+            f"{len(g['processes'])} proc"
+        )
+    host = sample["host"]
+    cpu = sum(host["cpu"]) / len(host["cpu"]) if host["cpu"] else None
+    lines.append(
+        f"host cpu {pct(cpu)}  mem {size(host['mem_used'])}/{size(host['mem_total'])}  "
+        f"{len(sample['processes'])} processes"
+    )
+    return "\n".join(lines)
+
+
+class BoxesScreen(AppScreen):
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("enter", "open", "Open", priority=False),
+        Binding("s", "enter_box", "Shell"),
+        Binding("c", "claim", "Claim"),
+        Binding("ctrl+d", "release", "Release"),
+        Binding("slash", "filter", "Filter", key_display="/"),
+        Binding("escape", "clear_filter", "Clear filter", show=False),
+        Binding("j", "cursor_down", "Down", show=False),
+        Binding("k", "cursor_up", "Up", show=False),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.filter_text = ""
+        self.shown: list[str] = []  # box names in table order
+        self.ready = False
+
+    def compose(self) -> ComposeResult:
+        yield Header()
+        yield Input(placeholder="filter: part of a name, state, owner or backend", id="filter")
+        yield DataTable(id="boxes", cursor_type="row", zebra_stripes=True)
+        yield Static(id="detail")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        table = self.query_one("#boxes", DataTable)
+        for name in COLUMNS:
+            table.add_column(name, key=name)
+        self.query_one("#filter", Input).display = False
+        table.focus()
+        self.ready = True
+        self.show(self.devbox.store, set(self.devbox.store.views), relist=True)
+
+    # --- data in ------------------------------------------------------------------
+
+    def matches(self, view: BoxView) -> bool:
+        if not self.filter_text:
+            return True
+        box = view.box
+        hay = f"{box.name} {box.state.value} {box.owner} {box.backend}".lower()
+        return self.filter_text.lower() in hay
+
+    def show(self, store: Store, dirty: set[str], *, relist: bool) -> None:
+        """Redraw what changed: rows of dirty boxes, or the whole table when the set of
+        boxes (or the filter) changed."""
+        if not self.ready:
+            return  # the redraw clock can tick between compose and on_mount
+        table = self.query_one("#boxes", DataTable)
+        now = self.devbox.clock()
+        wanted = sorted(n for n, v in store.views.items() if self.matches(v))
+        if relist or wanted != self.shown:
+            selected = self.selected_name()
+            table.clear()
+            for name in wanted:
+                table.add_row(*row(store.views[name], now), key=name)
+            self.shown = wanted
+            if selected in wanted:
+                table.move_cursor(row=wanted.index(selected), animate=False)
+        else:
+            for name in dirty & set(wanted):
+                for column, value in zip(COLUMNS, row(store.views[name], now), strict=True):
+                    table.update_cell(name, column, value)
+        if relist or self.selected_name() in dirty:
+            self.show_detail()
+        self.sub_title = store.problem or f"{len(store.views)} boxes"
+
+    def show_detail(self) -> None:
+        name = self.selected_name()
+        view = self.devbox.store.views.get(name) if name else None
+        self.query_one("#detail", Static).update(detail(view))
+
+    def selected_name(self) -> str | None:
+        table = self.query_one("#boxes", DataTable)
+        if not self.shown or table.cursor_row < 0 or table.cursor_row >= len(self.shown):
+            return None
+        return self.shown[table.cursor_row]
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        self.show_detail()
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        self.action_open()
+
+    # --- filter -------------------------------------------------------------------
+
+    def action_filter(self) -> None:
+        box = self.query_one("#filter", Input)
+        box.display = True
+        box.focus()
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        self.filter_text = event.value.strip()
+        self.show(self.devbox.store, set(), relist=False)
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        self.query_one("#boxes", DataTable).focus()
+
+    def action_clear_filter(self) -> None:
+        box = self.query_one("#filter", Input)
+        box.value = ""
+        box.display = False
+        self.filter_text = ""
+        self.query_one("#boxes", DataTable).focus()
+        self.show(self.devbox.store, set(), relist=False)
+
+    # --- actions: all through the app, which owns the workers -----------------------
+
+    def action_cursor_down(self) -> None:
+        self.query_one("#boxes", DataTable).action_cursor_down()
+
+    def action_cursor_up(self) -> None:
+        self.query_one("#boxes", DataTable).action_cursor_up()
+
+    def action_open(self) -> None:
+        if name := self.selected_name():
+            self.devbox.open_box(name)
+
+    def action_enter_box(self) -> None:
+        if name := self.selected_name():
+            self.devbox.enter_box(name)
+
+    def action_claim(self) -> None:
+        self.devbox.action_claim()
+
+    def action_release(self) -> None:
+        if name := self.selected_name():
+            self.devbox.ask_release(name)

@@ -1,0 +1,30 @@
+"""Pure formatting for the dashboard's cells."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from devbox.statsview import age, pct
+
+__all__ = ["age", "pct", "size", "spark"]
+
+_BLOCKS = " ▁▂▃▄▅▆▇█"
+
+
+def spark(values: Sequence[float], width: int = 16, top: float = 100.0) -> str:
+    """The last `width` values as block characters, scaled 0..top (missing left blank)."""
+    tail = list(values)[-width:]
+    cells = [
+        _BLOCKS[min(len(_BLOCKS) - 1, max(0, round(v / top * (len(_BLOCKS) - 1))))] for v in tail
+    ]
+    return "".join(cells).rjust(width)
+
+
+def size(value: float | None) -> str:
+    if value is None:
+        return "-"
+    for unit in ("B", "K", "M", "G", "T"):
+        if abs(value) < 1024 or unit == "T":
+            return f"{value:.0f}{unit}" if unit in ("B", "K") else f"{value:.1f}{unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
