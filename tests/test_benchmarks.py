@@ -61,3 +61,17 @@ def test_telemetry_benchmark() -> None:
         assert run["frames"] >= 1 and run["agent_cpu_pct_of_one_core"] >= 0
         assert run["peers"]["floor"]["cpu_pct_of_one_core"] > 0
         assert run["latency_ms"]["n"] == run["frames"]
+
+
+def test_tui_benchmark() -> None:
+    result = _run("bench_tui.py", "--boxes", "3", "--gpus", "2", "--seconds", "2")
+    assert result["benchmark"] == "tui" and set(result["targets"]) == {
+        "key_latency_p99_ms_max",
+        "cpu_pct_max",
+    }
+    tui, floor = result["tui"], result["rich_live_floor"]
+    assert tui["cpu_pct_of_one_core"] >= 0 and floor["cpu_pct_of_one_core"] >= 0
+    for key in ("p50", "p99", "max"):
+        assert tui["key_latency_ms"][key] >= tui["key_handled_ms"][key] >= 0
+    assert tui["key_latency_ms"]["n"] > 0 and tui["frames_per_s"] > 0
+    assert result["tui_over_floor"] is None or result["tui_over_floor"] > 0

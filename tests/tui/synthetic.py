@@ -117,7 +117,8 @@ class SyntheticFeed:
             if box.name in self.fail_next_stream:
                 self.fail_next_stream.discard(box.name)
                 raise DevboxError(f"lost the connection to box {box.name}: injected")
-            yield protocol.Frame(protocol.SAMPLE, dict(sample(index, self.gpus, seq, t=T0)))
+            t = T0 + (seq - self.history) / rate  # the first live sample is at T0
+            yield protocol.Frame(protocol.SAMPLE, dict(sample(index, self.gpus, seq, t=t)))
             seq += 1
             if not self.live:
                 await asyncio.Event().wait()

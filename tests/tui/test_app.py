@@ -13,6 +13,7 @@ from tui.app import DevboxApp, make_app
 from tui.screens.box import BoxScreen, GpuPanel
 from tui.screens.boxes import BoxesScreen
 from tui.screens.modals import ClaimScreen, ConfirmScreen
+from tui.widgets.boxtable import BoxTable
 
 SIZE = (140, 40)
 
@@ -34,7 +35,7 @@ def boxes_screen(app: DevboxApp) -> BoxesScreen:
 
 
 def cell(app: DevboxApp, name: str, column: str) -> str:
-    return str(app.screen.query_one("#boxes", DataTable).get_cell(name, column))
+    return app.screen.query_one("#boxes", BoxTable).cell(name, column)
 
 
 async def test_boxes_show_live_telemetry() -> None:
@@ -61,7 +62,7 @@ async def test_filter_narrows_and_escape_restores() -> None:
         assert boxes_screen(app).shown == ["box-11"]
         await pilot.press("escape")
         assert len(boxes_screen(app).shown) == 12
-        assert app.screen.query_one("#boxes", DataTable).has_focus
+        assert app.screen.query_one("#boxes", BoxTable).has_focus
 
 
 async def test_open_a_box_shows_a_chart_per_gpu_and_escape_goes_back() -> None:
@@ -85,15 +86,15 @@ async def test_redraw_touches_only_boxes_that_changed() -> None:
     async with app.run_test(size=SIZE):
         await until(lambda: all(v.sample for v in app.store.views.values()))
         await asyncio.sleep(0.3)
-        table = app.screen.query_one("#boxes", DataTable)
+        table = app.screen.query_one("#boxes", BoxTable)
         updated: list[object] = []
-        real = table.update_cell
+        real = table.update_row
 
-        def spy(row: object, column: object, value: object, **kw: object) -> None:
-            updated.append(row)
-            real(row, column, value, **kw)  # type: ignore[arg-type]
+        def spy(key: str, cells: tuple[str, ...]) -> None:
+            updated.append(key)
+            real(key, cells)
 
-        table.update_cell = spy  # type: ignore[method-assign]
+        table.update_row = spy  # type: ignore[method-assign]
         app.store.link("box-01", "lost: test")
         await until(lambda: bool(updated))
         await asyncio.sleep(0.3)

@@ -78,6 +78,9 @@ class BoxScreen(AppScreen):
             yield DataTable(id="procs", cursor_type="none")
         yield Footer()
 
+    def on_unmount(self) -> None:
+        self.ready = False
+
     def on_mount(self) -> None:
         self.ready = True
         self.title = f"box {self.box_name}"

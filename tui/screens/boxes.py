@@ -7,10 +7,11 @@ from typing import ClassVar
 
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
-from textual.widgets import DataTable, Footer, Header, Input, Static
+from textual.widgets import Footer, Header, Input, Static
 
 from tui.feed import BoxView, Store
 from tui.screens.base import AppScreen
+from tui.widgets.boxtable import BoxTable
 from tui.widgets.text import age, pct, size, spark
 
 COLUMNS = (
@@ -82,7 +83,7 @@ def detail(view: BoxView | None) -> str:
 
 class BoxesScreen(AppScreen):
     BINDINGS: ClassVar[list[BindingType]] = [
-        Binding("enter", "open", "Open", priority=False),
+        Binding("enter", "open", "Open"),
         Binding("s", "enter_box", "Shell"),
         Binding("c", "claim", "Claim"),
         Binding("ctrl+d", "release", "Release"),
@@ -101,14 +102,17 @@ class BoxesScreen(AppScreen):
     def compose(self) -> ComposeResult:
         yield Header()
         yield Input(placeholder="filter: part of a name, state, owner or backend", id="filter")
-        yield DataTable(id="boxes", cursor_type="row", zebra_stripes=True)
+        table = BoxTable(COLUMNS, id="boxes")
+        yield table.header
+        yield table
         yield Static(id="detail")
         yield Footer()
 
+    def on_unmount(self) -> None:
+        self.ready = False
+
     def on_mount(self) -> None:
-        table = self.query_one("#boxes", DataTable)
-        for name in COLUMNS:
-            table.add_column(name, key=name)
+        table = self.query_one("#boxes", BoxTable)
         self.query_one("#filter", Input).display = False
         table.focus()
         self.ready = True
@@ -128,21 +132,15 @@ class BoxesScreen(AppScreen):
         boxes (or the filter) changed."""
         if not self.ready:
             return  # the redraw clock can tick between compose and on_mount
-        table = self.query_one("#boxes", DataTable)
+        table = self.query_one("#boxes", BoxTable)
         now = self.devbox.clock()
         wanted = sorted(n for n, v in store.views.items() if self.matches(v))
         if relist or wanted != self.shown:
-            selected = self.selected_name()
-            table.clear()
-            for name in wanted:
-                table.add_row(*row(store.views[name], now), key=name)
+            table.set_rows([(name, row(store.views[name], now)) for name in wanted])
             self.shown = wanted
-            if selected in wanted:
-                table.move_cursor(row=wanted.index(selected), animate=False)
         else:
             for name in dirty & set(wanted):
-                for column, value in zip(COLUMNS, row(store.views[name], now), strict=True):
-                    table.update_cell(name, column, value)
+                table.update_row(name, row(store.views[name], now))
         if relist or self.selected_name() in dirty:
             self.show_detail()
         self.sub_title = store.problem or f"{len(store.views)} boxes"
@@ -150,18 +148,16 @@ class BoxesScreen(AppScreen):
     def show_detail(self) -> None:
         name = self.selected_name()
         view = self.devbox.store.views.get(name) if name else None
-        self.query_one("#detail", Static).update(detail(view))
+        # Fixed height (app.tcss): new text never changes the layout of the screen.
+        self.query_one("#detail", Static).update(detail(view), layout=False)
 
     def selected_name(self) -> str | None:
-        table = self.query_one("#boxes", DataTable)
-        if not self.shown or table.cursor_row < 0 or table.cursor_row >= len(self.shown):
-            return None
-        return self.shown[table.cursor_row]
+        return self.query_one("#boxes", BoxTable).cursor_key
 
-    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+    def on_box_table_row_highlighted(self, event: BoxTable.RowHighlighted) -> None:
         self.show_detail()
 
-    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+    def on_box_table_row_selected(self, event: BoxTable.RowSelected) -> None:
         self.action_open()
 
     # --- filter -------------------------------------------------------------------
@@ -176,23 +172,23 @@ class BoxesScreen(AppScreen):
         self.show(self.devbox.store, set(), relist=False)
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
-        self.query_one("#boxes", DataTable).focus()
+        self.query_one("#boxes", BoxTable).focus()
 
     def action_clear_filter(self) -> None:
         box = self.query_one("#filter", Input)
         box.value = ""
         box.display = False
         self.filter_text = ""
-        self.query_one("#boxes", DataTable).focus()
+        self.query_one("#boxes", BoxTable).focus()
         self.show(self.devbox.store, set(), relist=False)
 
     # --- actions: all through the app, which owns the workers -----------------------
 
     def action_cursor_down(self) -> None:
-        self.query_one("#boxes", DataTable).action_cursor_down()
+        self.query_one("#boxes", BoxTable).action_cursor(1)
 
     def action_cursor_up(self) -> None:
-        self.query_one("#boxes", DataTable).action_cursor_up()
+        self.query_one("#boxes", BoxTable).action_cursor(-1)
 
     def action_open(self) -> None:
         if name := self.selected_name():

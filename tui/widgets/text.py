@@ -14,10 +14,9 @@ _BLOCKS = " ▁▂▃▄▅▆▇█"
 def spark(values: Sequence[float], width: int = 16, top: float = 100.0) -> str:
     """The last `width` values as block characters, scaled 0..top (missing left blank)."""
     tail = list(values)[-width:]
-    cells = [
-        _BLOCKS[min(len(_BLOCKS) - 1, max(0, round(v / top * (len(_BLOCKS) - 1))))] for v in tail
-    ]
-    return "".join(cells).rjust(width)
+    scale = (len(_BLOCKS) - 1) / top
+    last = len(_BLOCKS) - 1
+    return "".join(_BLOCKS[min(last, max(0, int(v * scale + 0.5)))] for v in tail).rjust(width)
 
 
 def size(value: float | None) -> str:

@@ -1,0 +1,201 @@
+"""The boxes table: one line per box, drawn line by line.
+
+Why not Textual's DataTable: any cell update there re-renders every visible cell
+(its render cache is keyed by a widget-wide update counter), which at 50 boxes
+streaming at 10 Hz cost most of a core and kept key presses waiting behind
+70-110 ms frames (benchmarks/bench_tui.py). Here a row that changed repaints that
+one line, a cursor move repaints two, and an unchanged row is a cached Strip.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import ClassVar
+
+from rich.segment import Segment
+from rich.style import Style
+from textual import events
+from textual.binding import Binding, BindingType
+from textual.geometry import Region, Size
+from textual.message import Message
+from textual.scroll_view import ScrollView
+from textual.strip import Strip
+from textual.widgets import Static
+
+PAD = 2  # spaces between columns
+
+
+def layout(cells: Sequence[str], widths: Sequence[int]) -> str:
+    return " " + (" " * PAD).join(c[:w].ljust(w) for c, w in zip(cells, widths, strict=True))
+
+
+class TableHeader(Static):
+    """The column titles, above the table (which scrolls under it)."""
+
+    DEFAULT_CSS = """
+    TableHeader { height: 1; text-style: bold; background: $panel; }
+    """
+
+
+class BoxTable(ScrollView, can_focus=True):
+    COMPONENT_CLASSES: ClassVar[set[str]] = {"box-table--cursor", "box-table--odd"}
+    DEFAULT_CSS = """
+    BoxTable { height: 1fr; }
+    BoxTable > .box-table--cursor { background: $accent; color: $text; text-style: bold; }
+    BoxTable:blur > .box-table--cursor { background: $accent 50%; }
+    BoxTable > .box-table--odd { background: $surface-lighten-1; }
+    """
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("down", "cursor(1)", "Down", show=False),
+        Binding("up", "cursor(-1)", "Up", show=False),
+        Binding("pagedown", "page(1)", show=False),
+        Binding("pageup", "page(-1)", show=False),
+        Binding("home", "jump(0)", show=False),
+        Binding("end", "jump(-1)", show=False),
+        Binding("enter", "select", "Open", show=False),
+    ]
+
+    class RowHighlighted(Message):
+        def __init__(self, key: str | None) -> None:
+            super().__init__()
+            self.key = key
+
+    class RowSelected(Message):
+        def __init__(self, key: str) -> None:
+            super().__init__()
+            self.key = key
+
+    def __init__(self, columns: Sequence[str], *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.columns = tuple(columns)
+        self.widths = [len(c) for c in self.columns]
+        self.keys: list[str] = []
+        self.rows: dict[str, tuple[str, ...]] = {}
+        self.cursor = 0
+        # key -> (cells, cursor?, odd?, width) and the Strip drawn for them.
+        self._strips: dict[str, tuple[tuple[object, ...], Strip]] = {}
+        self.header = TableHeader(layout(self.columns, self.widths))
+        self._line_styles: tuple[Style, Style, Style] | None = None
+
+    # --- data in ------------------------------------------------------------------
+
+    @property
+    def cursor_key(self) -> str | None:
+        return self.keys[self.cursor] if 0 <= self.cursor < len(self.keys) else None
+
+    def cell(self, key: str, column: str) -> str:
+        return self.rows[key][self.columns.index(column)]
+
+    def set_rows(self, rows: Sequence[tuple[str, tuple[str, ...]]]) -> None:
+        """Replace every row (boxes came or went, or the filter changed); the cursor stays
+        on the same box when it is still there."""
+        keep = self.cursor_key
+        self.keys = [key for key, _ in rows]
+        self.rows = dict(rows)
+        self._strips = {k: v for k, v in self._strips.items() if k in self.rows}
+        self._fit(self.rows.values())
+        if keep in self.rows:
+            self.cursor = self.keys.index(keep)
+        self.cursor = max(0, min(self.cursor, len(self.keys) - 1))
+        self.virtual_size = Size(self.size.width, len(self.keys))
+        self.refresh()
+        if self.cursor_key != keep:
+            self.post_message(self.RowHighlighted(self.cursor_key))
+
+    def update_row(self, key: str, cells: tuple[str, ...]) -> None:
+        """New values for one box: its line is repainted only if something in it changed."""
+        if self.rows.get(key) == cells or key not in self.rows:
+            return
+        self.rows[key] = cells
+        if not self._fit([cells]):
+            self._refresh_row(self.keys.index(key))
+
+    def _fit(self, rows: object) -> bool:
+        """Widen columns to fit `rows`; True (and everything repainted) when any grew."""
+        grew = False
+        for cells in rows:  # type: ignore[attr-defined]
+            for i, c in enumerate(cells):
+                if len(c) > self.widths[i]:
+                    self.widths[i], grew = len(c), True
+        if grew:
+            self._strips.clear()
+            self.header.update(layout(self.columns, self.widths))
+            self.refresh()
+        return grew
+
+    def _refresh_row(self, index: int) -> None:
+        self.refresh(Region(0, index - self.scroll_offset.y, self.size.width, 1))
+
+    # --- drawing ------------------------------------------------------------------
+
+    def render_line(self, y: int) -> Strip:
+        index = y + self.scroll_offset.y
+        width = self.size.width
+        if index >= len(self.keys):
+            return Strip.blank(width, self.rich_style)
+        key = self.keys[index]
+        cells = self.rows[key]
+        look = (cells, index == self.cursor, index % 2 == 1, width)
+        cached = self._strips.get(key)
+        if cached is not None and cached[0] == look:
+            return cached[1]
+        style = self._styles()[0 if index == self.cursor else 1 if index % 2 else 2]
+        text = layout(cells, self.widths)[:width].ljust(width)
+        strip = Strip([Segment(text, style)], width)
+        self._strips[key] = (look, strip)
+        return strip
+
+    def _styles(self) -> tuple[Style, Style, Style]:
+        """(cursor, odd, even) line styles. Resolving a widget's style walks its CSS each
+        time (a third of this widget's cost at 50 rows x 10 Hz): it changes only with the
+        theme, focus or hover, which call notify_style_update."""
+        if self._line_styles is None:
+            base = self.rich_style
+            self._line_styles = (
+                base + self.get_component_rich_style("box-table--cursor"),
+                base + self.get_component_rich_style("box-table--odd"),
+                base,
+            )
+        return self._line_styles
+
+    def notify_style_update(self) -> None:
+        self._line_styles = None
+        self._strips.clear()
+        super().notify_style_update()
+
+    def on_resize(self, event: events.Resize) -> None:
+        self.virtual_size = Size(event.size.width, len(self.keys))
+
+    # --- the cursor ---------------------------------------------------------------
+
+    def move_to(self, index: int) -> None:
+        if not self.keys:
+            return
+        index = max(0, min(index, len(self.keys) - 1))
+        if index == self.cursor:
+            return
+        old, self.cursor = self.cursor, index
+        self._refresh_row(old)
+        self._refresh_row(index)
+        self.scroll_to_region(Region(0, index, 1, 1), animate=False, immediate=True)
+        self.post_message(self.RowHighlighted(self.cursor_key))
+
+    def action_cursor(self, step: int) -> None:
+        self.move_to(self.cursor + step)
+
+    def action_page(self, direction: int) -> None:
+        self.move_to(self.cursor + direction * max(1, self.size.height - 1))
+
+    def action_jump(self, index: int) -> None:
+        self.move_to(index if index >= 0 else len(self.keys) - 1)
+
+    def action_select(self) -> None:
+        if (key := self.cursor_key) is not None:
+            self.post_message(self.RowSelected(key))
+
+    def on_click(self, event: events.Click) -> None:
+        index = event.y + self.scroll_offset.y
+        if 0 <= index < len(self.keys):
+            if index == self.cursor and event.chain >= 2:
+                self.action_select()
+            self.move_to(index)
