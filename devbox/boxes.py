@@ -46,7 +46,13 @@ class Box:
     last_activity: float = 0.0
     # Why the box is in its state, when that is not obvious (a failure, a warning).
     reason: str = ""
+    # Wall-clock time until which `devbox keep` holds the box against idle release; 0: not kept.
+    keep_until: float = 0.0
     extra: dict[str, str] = field(default_factory=dict)
+
+    def kept_for(self, now: float) -> float | None:
+        """Seconds `devbox keep` still holds the box; None when it is not kept."""
+        return self.keep_until - now if self.keep_until > now else None
 
     def idle_seconds(self, now: float) -> float | None:
         if self.last_activity <= 0:
@@ -77,6 +83,7 @@ class Box:
             created_at=float(data.get("created_at", 0.0)),
             last_activity=float(data.get("last_activity", 0.0)),
             reason=str(data.get("reason", "")),
+            keep_until=float(data.get("keep_until", 0.0)),
             extra={str(k): str(v) for k, v in dict(data.get("extra", {})).items()},
         )
 

@@ -79,6 +79,20 @@ def _count(text: str) -> int:
     return value
 
 
+def _duration(text: str) -> float:
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+    number, unit = text[:-1], text[-1:]
+    try:
+        value = float(number) * units[unit]
+    except (KeyError, ValueError):
+        raise argparse.ArgumentTypeError(
+            f"duration must be a number and a unit (30m, 4h, 1d), not {text!r}"
+        ) from None
+    if not 0 < value <= 30 * 86400:
+        raise argparse.ArgumentTypeError(f"duration must be above 0 and at most 30d (got {text})")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="devbox", description="A personal GPU box in one command.")
     parser.add_argument("--version", action="version", version=f"devbox {__version__}")
@@ -129,6 +143,15 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="write it to a devbox file and Include that from ~/.ssh/config",
     )
+
+    keep = sub.add_parser(
+        "keep", parents=[backend], help="hold a box against idle release for a while"
+    )
+    keep.add_argument("name")
+    keep.add_argument(
+        "--for", dest="duration", type=_duration, default=4 * 3600.0, help="30m, 4h, 1d (4h)"
+    )
+    keep.add_argument("--off", action="store_true", help="end the hold now")
 
     stats = sub.add_parser(
         "stats", parents=[backend], help="live GPU, host and process telemetry of a box"

@@ -112,7 +112,7 @@ def ls(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([b.to_json() for b in boxes]))
     else:
-        rows = [("NAME", "BACKEND", "STATE", "GPUS", "AGE", "IDLE")]
+        rows = [("NAME", "BACKEND", "STATE", "GPUS", "AGE", "IDLE", "KEPT")]
         for b in boxes:
             rows.append(
                 (
@@ -122,6 +122,7 @@ def ls(args: argparse.Namespace) -> int:
                     str(b.spec.gpus),
                     statsview.age(now - b.created_at),
                     statsview.age(b.idle_seconds(now)),
+                    statsview.age(b.kept_for(now)),
                 )
             )
         _table(rows)
@@ -224,6 +225,17 @@ def pool(args: argparse.Namespace) -> int:
     return 0
 
 
+def keep(args: argparse.Namespace) -> int:
+    until = 0.0 if args.off else time.time() + args.duration
+    box = backend_for(args).keep(args.name, until=until)
+    if args.off:
+        print(f"box {box.name} is no longer kept", file=sys.stderr)
+    else:
+        clock = time.strftime("%a %H:%M", time.localtime(until))
+        print(f"box {box.name} is kept until {clock} (idle release waits)", file=sys.stderr)
+    return 0
+
+
 def stats(args: argparse.Namespace) -> int:
     from devbox import protocol
     from devbox.ssh import telemetry
@@ -286,5 +298,6 @@ def dispatch(args: argparse.Namespace) -> int:
         "proxy": proxy,
         "ssh-config": ssh_config,
         "stats": stats,
+        "keep": keep,
     }
     return handlers[args.command](args)

@@ -149,6 +149,7 @@ ANN_HOST_KEY_FP = "devbox.io/host-key-fingerprint"
 ANN_OWNER_ACK = "devbox.io/owner-ack"  # written by the agent: fingerprint of the key it adopted
 ANN_LAST_INPUT = "devbox.io/last-input"  # on the box's Lease: activity, as unix seconds
 ANN_CLIENTS = "devbox.io/clients"
+ANN_KEEP_UNTIL = "devbox.io/keep-until"  # written by `devbox keep`: unix seconds
 SSH_PORT = 2222  # the agent's port inside a pod; reached only through port-forward
 
 

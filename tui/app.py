@@ -29,6 +29,8 @@ from tui.screens.box import BoxScreen
 from tui.screens.boxes import BoxesScreen
 from tui.screens.modals import ClaimRequest, ClaimScreen, ConfirmScreen
 
+# How long `K` keeps a box against idle release (as `devbox keep` without --for).
+KEEP_SECONDS = 4 * 3600.0
 # How long a lost telemetry link waits before it tries again, doubling up to the last.
 BACKOFF = (0.5, 1.0, 2.0, 5.0, 10.0)
 _LIVE = frozenset({BoxState.RUNNING, BoxState.IDLE})
@@ -53,6 +55,7 @@ class BoxCommands(Provider):
                 (f"open {name}", partial(app.open_box, name), "GPU charts and processes"),
                 (f"shell {name}", partial(app.enter_box, name), "attach its session"),
                 (f"release {name}", partial(app.ask_release, name), "asks first; home kept"),
+                (f"keep {name}", partial(app.keep_box, name), "hold against idle release 4h"),
             ]
         for text, action, help_text in commands:
             score = matcher.match(text)
@@ -221,6 +224,22 @@ class DevboxApp(App[None]):
         self.notify(f"box {box.name} released (its home is kept)")
         if isinstance(self.screen, BoxScreen) and self.screen.box_name == box.name:
             self.pop_screen()
+        self.relist()
+
+    def keep_box(self, name: str) -> None:
+        view = self.store.views.get(name)
+        if view is not None:
+            self.run_worker(self._keep(view.box), name="keep", group="actions")
+
+    async def _keep(self, box: Box) -> None:
+        until = self.clock() + KEEP_SECONDS
+        try:
+            kept = await self.feed.keep(box, until=until)
+        except DevboxError as exc:
+            self.notify(exc.message, title="keep failed", severity="error", timeout=10)
+            return
+        clock = time.strftime("%a %H:%M", time.localtime(kept.keep_until))
+        self.notify(f"box {box.name} is kept until {clock}")
         self.relist()
 
     def action_help(self) -> None:

@@ -19,6 +19,7 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Protocol
 
 from devbox import protocol
@@ -43,6 +44,8 @@ class Feed(Protocol):
     async def claim(self, spec: BoxSpec, *, name: str | None, backend: str | None) -> Box: ...
 
     async def release(self, box: Box) -> None: ...
+
+    async def keep(self, box: Box, *, until: float) -> Box: ...
 
     def enter_argv(self, box: Box) -> builtins.list[str]:
         """The command that attaches the box's session, run while the app is suspended."""
@@ -85,6 +88,9 @@ class BackendFeed:
 
     async def release(self, box: Box) -> None:
         await asyncio.to_thread(self.backend.release, box.name)
+
+    async def keep(self, box: Box, *, until: float) -> Box:
+        return await asyncio.to_thread(partial(self.backend.keep, box.name, until=until))
 
     def enter_argv(self, box: Box) -> builtins.list[str]:
         return [sys.executable, "-m", "devbox", "ssh", "--backend", box.backend, box.name]

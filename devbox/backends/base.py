@@ -20,6 +20,10 @@ class Backend(Protocol):
         """Stop the box and free its GPUs; its home stays unless `purge`."""
         ...
 
+    def keep(self, name: str, *, until: float) -> Box:
+        """Hold the box against idle release until `until` (unix time; 0 ends the hold)."""
+        ...
+
     def list(self) -> builtins.list[Box]:
         """Every box of this user, with its current state."""
         ...

@@ -26,7 +26,7 @@ def test_up_ls_ssh_down(user: User) -> None:
     assert _ls(user)["alpha"]["state"] == "running"
 
     table = user.devbox("ls", check=True).stdout.decode().splitlines()
-    assert table[0].split() == ["NAME", "BACKEND", "STATE", "GPUS", "AGE", "IDLE"]
+    assert table[0].split() == ["NAME", "BACKEND", "STATE", "GPUS", "AGE", "IDLE", "KEPT"]
     assert table[1].split()[:4] == ["alpha", "local", "running", "0"]
 
     hello = user.devbox("ssh", "alpha", "--", "echo", "hello", "$DEVBOX_BOX", check=True)
@@ -219,3 +219,27 @@ def test_idle_time_follows_input(user: User) -> None:
     after = _ls(user)["idler"]
     assert time.time() - float(after["last_activity"]) < idle_before
     assert float(after["last_activity"]) > float(before["last_activity"])
+
+
+def test_keep_holds_a_box_and_off_ends_it(user: User) -> None:
+    user.up("kept")
+    before = time.time()
+    user.devbox("keep", "kept", "--for", "2h", check=True)
+    until = float(_ls(user)["kept"]["keep_until"])  # type: ignore[arg-type]
+    assert before + 7200 <= until <= time.time() + 7200
+    row = user.devbox("ls", check=True).stdout.decode().splitlines()[1].split()
+    assert row[0] == "kept" and row[-1] == "1h"  # 1 h 59 min left
+    user.devbox("keep", "kept", "--off", check=True)
+    assert _ls(user)["kept"]["keep_until"] == 0
+    assert user.devbox("ls", check=True).stdout.decode().splitlines()[1].split()[-1] == "-"
+
+
+def test_keep_bad_input(user: User) -> None:
+    user.up("k2")
+    for args in (["--for", "5"], ["--for", "0h"], ["--for", "31d"], ["--for", "soon"]):
+        result = user.devbox("keep", "k2", *args)
+        assert result.returncode == 2, args
+        assert result.stderr.startswith(b"devbox: error:") and result.stderr.count(b"\n") == 1
+    missing = user.devbox("keep", "nobox")
+    assert missing.returncode == 2 and b"no box named 'nobox'" in missing.stderr
+    assert _ls(user)["k2"]["keep_until"] == 0  # nothing half-written

@@ -192,3 +192,18 @@ def test_stats_through_the_port_forward(kube: KubeUser) -> None:
     assert all(g["mem_total"] == 80 << 30 for g in samples[-1]["gpus"])
     agents = [p for p in samples[-1]["processes"] if "devbox agent" in p["cmdline"]]
     assert len(agents) == 1 and "--pod" in agents[0]["cmdline"]
+
+
+def test_keep_annotates_the_pod(kube: KubeUser) -> None:
+    kube.devbox("up", "kk", "--no-attach", check=True)
+    kube.devbox("keep", "kk", "--for", "30m", check=True)
+    (box,) = json.loads(kube.devbox("ls", "--json", check=True).stdout)
+    assert 1700 < box["keep_until"] - time.time() <= 1800
+    pod = kube.cluster.kubectl_run(
+        "get", "pod", box["extra"]["pod"], "-n", kube.namespace, "-o", "json"
+    )
+    annotations = json.loads(pod.stdout)["metadata"]["annotations"]
+    assert float(annotations["devbox.io/keep-until"]) == box["keep_until"]
+    kube.devbox("keep", "kk", "--off", check=True)
+    (box,) = json.loads(kube.devbox("ls", "--json", check=True).stdout)
+    assert box["keep_until"] == 0

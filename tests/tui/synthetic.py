@@ -134,6 +134,11 @@ class SyntheticFeed:
     async def release(self, box: Box) -> None:
         self.box_list = [b for b in self.box_list if b.name != box.name]
 
+    async def keep(self, box: Box, *, until: float) -> Box:
+        kept = Box(**{**box.__dict__, "keep_until": until})
+        self.box_list = [kept if b.name == box.name else b for b in self.box_list]
+        return kept
+
     def enter_argv(self, box: Box) -> builtins.list[str]:
         self.entered.append(box.name)
         return ["true"]

@@ -193,3 +193,15 @@ async def test_help_and_quit() -> None:
         assert not app.screen.query("HelpPanel")
         await pilot.press("q")
     assert app.return_code == 0
+
+
+async def test_keep_holds_the_selected_box() -> None:
+    feed = SyntheticFeed(2, 1)
+    app = app_for(feed)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(lambda: len(boxes_screen(app).shown) == 2)
+        await pilot.press("j", "K")
+        await until(lambda: app.store.views["box-01"].box.keep_until > 0)
+        assert app.store.views["box-01"].box.keep_until == T0 + 4 * 3600
+        assert app.store.views["box-00"].box.keep_until == 0
+        await until(lambda: "kept until" in str(app.screen.query_one("#detail").render()))

@@ -59,6 +59,7 @@ class BoxScreen(AppScreen):
         Binding("escape", "app.pop_screen", "Back"),
         Binding("s", "enter_box", "Shell"),
         Binding("ctrl+d", "release", "Release"),
+        Binding("K", "keep", "Keep 4h"),
     ]
 
     def __init__(self, name: str) -> None:
@@ -171,3 +172,6 @@ class BoxScreen(AppScreen):
 
     def action_release(self) -> None:
         self.devbox.ask_release(self.box_name)
+
+    def action_keep(self) -> None:
+        self.devbox.keep_box(self.box_name)

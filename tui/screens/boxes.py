@@ -3,6 +3,7 @@ selected box's detail below."""
 
 from __future__ import annotations
 
+import time
 from typing import ClassVar
 
 from textual.app import ComposeResult
@@ -57,6 +58,8 @@ def detail(view: BoxView | None) -> str:
         return "No box selected. c claims one."
     box, sample = view.box, view.sample
     lines = [f"[b]{box.name}[/b]  {box.backend}  {box.state.value}  telemetry: {view.link}"]
+    if box.keep_until:
+        lines[0] += f"  kept until {time.strftime('%a %H:%M', time.localtime(box.keep_until))}"
     if box.reason:
         lines.append(box.reason)
     if sample is None:
@@ -87,6 +90,7 @@ class BoxesScreen(AppScreen):
         Binding("s", "enter_box", "Shell"),
         Binding("c", "claim", "Claim"),
         Binding("ctrl+d", "release", "Release"),
+        Binding("K", "keep", "Keep 4h"),
         Binding("slash", "filter", "Filter", key_display="/"),
         Binding("escape", "clear_filter", "Clear filter", show=False),
         Binding("j", "cursor_down", "Down", show=False),
@@ -204,3 +208,7 @@ class BoxesScreen(AppScreen):
     def action_release(self) -> None:
         if name := self.selected_name():
             self.devbox.ask_release(name)
+
+    def action_keep(self) -> None:
+        if name := self.selected_name():
+            self.devbox.keep_box(name)

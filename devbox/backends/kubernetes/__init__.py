@@ -108,6 +108,18 @@ class KubernetesBackend:
             raise UsageError(f"box {name!r} belongs to {box.owner or 'the warm pool'}")
         return box
 
+    def keep(self, name: str, *, until: float) -> Box:
+        box = self.get(name)  # the owner's, or a clear error
+        c = self.cluster
+        value = f"{until:.0f}" if until > 0 else None  # None removes the annotation
+        with api.errors(c):
+            c.core.patch_namespaced_pod(
+                box.extra.get("pod", name),
+                c.namespace,
+                {"metadata": {"annotations": {p.ANN_KEEP_UNTIL: value}}},
+            )
+        return self.get(name)
+
     def problems(self) -> builtins.list[str]:
         return []
 

@@ -169,6 +169,7 @@ def to_box(pod: Any, *, last_input: float = 0.0) -> Box:
         port=p.SSH_PORT,
         host_key=ann.get(p.ANN_HOST_KEY, ""),
         host_key_fingerprint=ann.get(p.ANN_HOST_KEY_FP, ""),
+        keep_until=_seconds(ann.get(p.ANN_KEEP_UNTIL)),
         created_at=created.timestamp() if created else 0.0,
         last_activity=last_input,
         reason=why,
@@ -182,3 +183,11 @@ def to_box(pod: Any, *, last_input: float = 0.0) -> Box:
 
 def random_suffix() -> str:
     return secrets.token_hex(3)
+
+
+def _seconds(text: str | None) -> float:
+    """An annotation holding unix seconds; anything else (absent, edited by hand) is 0."""
+    try:
+        return float(text) if text else 0.0
+    except ValueError:
+        return 0.0

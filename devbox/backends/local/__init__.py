@@ -115,6 +115,13 @@ class LocalBackend:
             reason="agent is not running (GPUs freed); `devbox down` it",
         )
 
+    def keep(self, name: str, *, until: float) -> Box:
+        self.get(name)  # a clear error for a bad or unknown name
+        with self.store.locked():
+            box = dataclasses.replace(self.store.read(name), keep_until=until)
+            self.store.write(box)
+        return self._with_live_state(box)
+
     def get(self, name: str) -> Box:
         names.validate_name(name)
         try:
