@@ -103,8 +103,8 @@ class DevboxApp(App[None]):
     def redraw(self) -> None:
         relist, self.store.boxes_changed = self.store.boxes_changed, False
         dirty = self.store.take_dirty()
-        if not (dirty or relist) or not self.screen_stack:
-            return  # nothing new, or the app is tearing its screens down
+        if not (dirty or relist) or not self.is_running or not self.screen_stack:
+            return  # nothing new, or the app is shutting down (its screens go first)
         screen = self.screen
         if isinstance(screen, BoxesScreen | BoxScreen):
             screen.show(self.store, dirty, relist=relist)

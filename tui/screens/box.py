@@ -24,20 +24,26 @@ class GpuPanel(Vertical):
     def __init__(self, index: int) -> None:
         super().__init__(id=f"gpu-{index}", classes="gpu")
         self.index = index
+        # Held, not queried: a redraw may come while the panel is still being mounted.
+        self.title = Label(f"GPU {index}", classes="gpu-title")
+        self.charts = {
+            chart: Sparkline([], id=f"gpu-{index}-{chart}", classes=f"chart {chart}")
+            for chart in CHARTS
+        }
 
     def compose(self) -> ComposeResult:
-        yield Label(f"GPU {self.index}", classes="gpu-title")
-        for chart in CHARTS:
+        yield self.title
+        for chart, sparkline in self.charts.items():
             with Horizontal(classes="chart-row"):
                 yield Label(chart, classes="chart-label")
-                yield Sparkline([], id=f"gpu-{self.index}-{chart}", classes=f"chart {chart}")
+                yield sparkline
 
     def show(self, view: BoxView) -> None:
         sample = view.sample
         gpu = (
             next((g for g in sample["gpus"] if g["index"] == self.index), None) if sample else None
         )
-        title = self.query_one(".gpu-title", Label)
+        title = self.title
         if gpu is None:
             title.update(f"GPU {self.index}: no sample yet")
         elif gpu["lost"]:
@@ -50,8 +56,8 @@ class GpuPanel(Vertical):
                 f"mem {size(gpu['mem_used'])}/{size(gpu['mem_total'])}  {power}  {temp}"
             )
         points = list(view.gpu_history.get(self.index, ()))
-        for i, chart in enumerate(CHARTS):
-            self.query_one(f"#gpu-{self.index}-{chart}", Sparkline).data = [p[i] for p in points]
+        for i, sparkline in enumerate(self.charts.values()):
+            sparkline.data = [p[i] for p in points]
 
 
 class BoxScreen(AppScreen):
