@@ -15,6 +15,7 @@ from tui.screens.base import AppScreen
 from tui.widgets.boxtable import BoxTable
 from tui.widgets.text import age, pct, size, spark
 
+DETAIL_HZ = 2.0
 COLUMNS = (
     "NAME",
     "BACKEND",
@@ -102,6 +103,8 @@ class BoxesScreen(AppScreen):
         self.filter_text = ""
         self.shown: list[str] = []  # box names in table order
         self.ready = False
+        self._detail_of: str | None = None
+        self._detail_at = 0.0
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -146,11 +149,18 @@ class BoxesScreen(AppScreen):
             for name in dirty & set(wanted):
                 table.update_row(name, row(store.views[name], now))
         if relist or self.selected_name() in dirty:
-            self.show_detail()
-        self.sub_title = store.problem or f"{len(store.views)} boxes"
+            self.show_detail(now=relist)
+        count = len(store.views)
+        self.sub_title = store.problem or f"{count} box" + ("" if count == 1 else "es")
 
-    def show_detail(self) -> None:
+    def show_detail(self, *, now: bool = True) -> None:
+        """The selected box's detail: at once when the selection changes, else at most
+        DETAIL_HZ (a dozen lines that would otherwise repaint on every sample of it)."""
         name = self.selected_name()
+        clock = time.monotonic()
+        if not now and name == self._detail_of and clock - self._detail_at < 1 / DETAIL_HZ:
+            return
+        self._detail_of, self._detail_at = name, clock
         view = self.devbox.store.views.get(name) if name else None
         # Fixed height (app.tcss): new text never changes the layout of the screen.
         self.query_one("#detail", Static).update(detail(view), layout=False)
