@@ -19,6 +19,7 @@ import os
 import signal
 import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -212,7 +213,7 @@ async def _serve(
             warn_without_multiplexer=args.multiplexer != "none",
         )
     )
-    agent.telemetry = _telemetry(args, gpu_uuids)
+    agent.telemetry = _telemetry(args, gpu_uuids, activity=agent.activity.snapshot)
     # Telemetry starts a moment late: the first SSH connection after `devbox up` comes first.
     sampler = asyncio.create_task(agent.telemetry.run(delay=0.5))
     # Once everything long-lived is imported and built (asyncssh, NVML, the sampler), move
@@ -241,7 +242,12 @@ async def _serve(
     return 0
 
 
-def _telemetry(args: argparse.Namespace, gpu_uuids: list[str]) -> Telemetry:
+def _telemetry(
+    args: argparse.Namespace,
+    gpu_uuids: list[str],
+    *,
+    activity: Callable[[], protocol.Activity],
+) -> Telemetry:
     from agent.sampling import BoxSources
     from agent.telemetry import Telemetry
 
@@ -249,6 +255,7 @@ def _telemetry(args: argparse.Namespace, gpu_uuids: list[str]) -> Telemetry:
     return Telemetry(
         box=args.name,
         base_rate=args.telemetry_rate,
+        activity=activity,
         open_sources=lambda: BoxSources(
             # In a pod the device plugin chose what the container sees: all of it is ours.
             gpu_uuids=None if args.pod else gpu_uuids,

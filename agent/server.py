@@ -77,6 +77,10 @@ class Activity:
         self.last_input = time.time()
         self._maybe_write()
 
+    def snapshot(self) -> protocol.Activity:
+        # Read from the telemetry thread: two plain attribute reads, no lock needed.
+        return {"clients": self.clients, "last_input": self.last_input}
+
     def client(self, delta: int) -> None:
         self.clients += delta
         self._maybe_write(force=True)

@@ -103,8 +103,10 @@ class Telemetry:
         open_sources: Callable[[], Sources],
         base_rate: float = 1.0,
         history_seconds: int = protocol.HISTORY_SECONDS,
+        activity: Callable[[], protocol.Activity] | None = None,
     ) -> None:
         self.box = box
+        self._activity = activity
         self._open_sources = open_sources
         self._base_rate = base_rate
         self._subs: set[Subscription] = set()
@@ -192,6 +194,8 @@ class Telemetry:
             "host": host,
             "processes": processes,
         }
+        if self._activity is not None:
+            sample["activity"] = self._activity()
         return sample, protocol.encode(protocol.SAMPLE, **sample)
 
     def _publish(self, sample: Sample, line: bytes) -> None:

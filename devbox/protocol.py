@@ -12,7 +12,7 @@ import base64
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 VERSION = 1
 # A frame larger than this is malformed; it bounds what one bad peer can make us buffer.
@@ -128,12 +128,18 @@ class BoxProcess(TypedDict):
     threads: int | None
 
 
+class Activity(TypedDict):
+    clients: int  # interactive and command channels open now (telemetry not counted)
+    last_input: float  # unix time of the last keystroke or stdin byte a user sent
+
+
 class Sample(TypedDict):
     t: float  # unix time the sample was taken, in the agent
     seq: int  # increases by one per sample taken; a gap means the reader skipped some
     gpus: list[GpuSample]
     host: HostSample
     processes: list[BoxProcess]
+    activity: NotRequired[Activity]  # absent from older agents
 
 
 # --- Kubernetes: the labels and annotations through which the backend and an in-cluster

@@ -242,3 +242,23 @@ def test_bad_stats_input(user: User) -> None:
         result = user.devbox("stats", "x", *args)
         assert result.returncode == 2, args
         assert result.stderr.startswith(b"devbox: error:") and result.stderr.count(b"\n") == 1
+
+
+def test_samples_carry_the_boxs_sessions(user: User) -> None:
+    user.up("sessions")
+    (idle,) = _stats(user, "sessions")
+    assert idle["activity"]["clients"] == 0  # type: ignore[index]
+    busy = subprocess.Popen(
+        [sys.executable, "-m", "devbox", "ssh", "sessions", "--", "sleep", "5"],
+        env=user.env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 15
+        while _stats(user, "sessions")[0]["activity"]["clients"] != 1:  # type: ignore[index]
+            assert time.monotonic() < deadline, "the ssh session never showed"
+            time.sleep(0.2)
+    finally:
+        busy.kill()
+        busy.wait()

@@ -12,7 +12,7 @@ from textual.widgets import DataTable, Footer, Header, Label, Sparkline, Static
 
 from tui.feed import BoxView, Store
 from tui.screens.base import AppScreen
-from tui.widgets.text import pct, size
+from tui.widgets.text import age, pct, size
 
 CHARTS = ("util", "mem", "power", "temp")
 TOP_PROCESSES = 30
@@ -136,6 +136,10 @@ class BoxScreen(AppScreen):
                 f"cpu {pct(cpu)} of {len(host['cpu'])}  "
                 f"mem {size(host['mem_used'])}/{size(host['mem_total'])}"
             )
+        if sample is not None and "activity" in sample:
+            activity = sample["activity"]
+            idle = max(0.0, sample["t"] - activity["last_input"])
+            parts.append(f"sessions: {activity['clients']} attached, last input {age(idle)} ago")
         if box.reason:
             parts.append(box.reason)
         self.query_one("#summary", Static).update("  ".join(parts))
