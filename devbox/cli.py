@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 from typing import NoReturn
 
 from devbox import __version__
@@ -21,62 +22,38 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"devbox: error: {message} (see `{self.prog} --help`)\n")
 
 
-def _gpu_count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"GPU count must be a whole number, not {text!r}"
-        ) from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"GPU count must not be negative (got {value})")
-    return value
+def _number(
+    what: str, cast: Callable[[str], float], *, low: float, high: float, low_open: bool = False
+) -> Callable[[str], float]:
+    """An argparse type: `cast(text)` within [low, high] ((low, high] with low_open), or a
+    one-line error naming `what` and the allowed range."""
+    whole = cast is int
+
+    def parse(text: str) -> float:
+        try:
+            value = cast(text)
+        except ValueError:
+            kind = "a whole number" if whole else "a number"
+            raise argparse.ArgumentTypeError(f"{what} must be {kind}, not {text!r}") from None
+        if value < low or (low_open and value == low) or value > high:
+            above = f"above {low:g}" if low_open else f"at least {low:g}"
+            limit = "" if high == float("inf") else f" and at most {high:g}"
+            raise argparse.ArgumentTypeError(f"{what} must be {above}{limit} (got {text})")
+        return value
+
+    return parse
 
 
-def _port(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"port must be a number, not {text!r}") from None
-    if not 0 <= value <= 65535:
-        raise argparse.ArgumentTypeError(f"port must be between 0 and 65535 (got {value})")
-    return value
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"timeout must be a number of seconds, not {text!r}"
-        ) from None
-    if not 0 < value <= 86400:
-        raise argparse.ArgumentTypeError(f"timeout must be between 0 and 86400 s (got {text})")
-    return value
+_gpu_count = _number("GPU count", int, low=0, high=float("inf"))
+_port = _number("port", int, low=0, high=65535)
+_seconds = _number("timeout (seconds)", float, low=0, high=86400, low_open=True)
+_count = _number("count", int, low=1, high=float("inf"))
 
 
 def _rate(text: str) -> float:
-    from devbox.protocol import MAX_RATE
+    from devbox.protocol import MAX_RATE  # not at import: `devbox --help` stays light
 
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"rate must be samples per second, not {text!r}") from None
-    if not 0 < value <= MAX_RATE:
-        raise argparse.ArgumentTypeError(
-            f"rate must be above 0 and at most {MAX_RATE:g} per second (got {text})"
-        )
-    return value
-
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"count must be a whole number, not {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"count must be at least 1 (got {value})")
-    return value
+    return _number("rate (per second)", float, low=0, high=MAX_RATE, low_open=True)(text)
 
 
 def _duration(text: str) -> float:
