@@ -1,7 +1,9 @@
 """Kubernetes backend on the simulated cluster (scripts/test-cluster, a private one).
 
 1. Claim to a shell: `devbox up NAME --no-attach` + `devbox ssh NAME -- true`, from the
-   warm pool vs a cold pod create (targets: warm <= 0.3x cold, warm median < 1 s).
+   warm pool vs a cold pod create (targets: warm <= 0.3x cold, warm median < 1 s); and
+   `devbox up NAME` on a terminal, attaching in the same process as a user runs it, to a
+   typed-ahead command having run in the box's shell.
 2. Throughput to the same agent: devbox's path (ssh through `devbox proxy`, the official
    client's port-forward) vs `kubectl port-forward` (built from the same Kubernetes
    module) with the same ssh client (target >= 1.0x).
@@ -12,12 +14,17 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import fcntl
 import json
 import os
+import pty
+import select
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
+import termios
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -53,6 +60,37 @@ def _download(base: list[str], env: dict[str, str], mib: int, repeat: int) -> fl
     for _ in range(repeat):
         best = min(best, wall([*base, f"head -c {mib << 20} /dev/zero"], env))
     return mib / best
+
+
+def attached(argv: list[str], env: dict[str, str], timeout: float = 60) -> float:
+    """Seconds from `devbox up NAME` on a terminal (it attaches in the same process, as a
+    user runs it) to a command typed at once having run in the box's shell."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
+    start = time.perf_counter()
+    proc = subprocess.Popen(argv, env=env, stdin=slave, stdout=slave, stderr=slave)
+    os.close(slave)
+    # Typed ahead, as a user does: the client keeps what waits in the terminal.
+    os.write(master, b"echo READY-$((6*7))\r")
+    seen = b""
+    try:
+        while b"READY-42" not in seen:
+            ready, _, _ = select.select([master], [], [], timeout)
+            if not ready:
+                raise SystemExit(f"no shell after {timeout} s: {seen[-500:]!r}")
+            seen += os.read(master, 65536)
+        elapsed = time.perf_counter() - start
+        os.write(master, b"\x01d")  # detach screen: the box stays, the client ends
+        proc.wait(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        with contextlib.suppress(OSError):
+            while select.select([master], [], [], 0)[0] and os.read(master, 65536):
+                pass
+        os.close(master)
+    return elapsed
 
 
 def main() -> None:
@@ -98,6 +136,12 @@ def main() -> None:
             warm_ssh.append(wall([*devbox, "ssh", f"warm{i}", "--", "true"], sb.env))
         cold = [a + b for a, b in zip(cold_up, cold_ssh, strict=True)]
         warm = [a + b for a, b in zip(warm_up, warm_ssh, strict=True)]
+        # The same, as a user does it: one `devbox up` on a terminal, attaching itself.
+        cold_tty, warm_tty = [], []
+        for i in range(args.runs):
+            cold_tty.append(attached([*devbox, "up", f"tcold{i}"], sb.env))
+            sb.devbox("pool", "warm", "--size", "1")
+            warm_tty.append(attached([*devbox, "up", f"twarm{i}"], sb.env))
 
         # Throughput: both paths end at the same agent and use the same OpenSSH client.
         box = json.loads(sb.devbox("up", "tput", "--no-attach", "--json").stdout)
@@ -134,6 +178,9 @@ def main() -> None:
             "warm_first_ssh_s": summary(warm_ssh),
             "warm_claim_to_shell_s": summary(warm),
             "warm_over_cold": summary(warm)["median"] / summary(cold)["median"],
+            "attached_cold_up_to_shell_s": summary(cold_tty),
+            "attached_warm_up_to_shell_s": summary(warm_tty),
+            "attached_warm_over_cold": summary(warm_tty)["median"] / summary(cold_tty)["median"],
             "targets": {
                 "warm_over_cold": 0.3,
                 "warm_claim_to_shell_median_s": 1.0,
