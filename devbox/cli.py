@@ -183,7 +183,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "tui":
             from tui.app import make_app
 
-            make_app(backend=commands.backend_for(args), rate=args.rate).run()
+            flags = [
+                f"--{name}={value}"
+                for name, value in (("context", args.context), ("namespace", args.namespace))
+                if value
+            ]
+            make_app(backend=commands.backend_for(args), rate=args.rate, cli_flags=flags).run()
             return 0
         return commands.dispatch(args)
     except DevboxError as exc:

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import gc
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
@@ -255,12 +255,16 @@ class DevboxApp(App[None]):
 
 
 def make_app(
-    *, backend: Backend | None = None, feed: Feed | None = None, **options: Any
+    *,
+    backend: Backend | None = None,
+    feed: Feed | None = None,
+    cli_flags: Sequence[str] = (),
+    **options: Any,
 ) -> DevboxApp:
     """The dashboard for `backend` (the real thing) or `feed` (tests, benchmarks, demos)."""
     if feed is None:
         if backend is None:
             raise ValueError("make_app needs a backend or a feed")
-        feed = BackendFeed(backend)
+        feed = BackendFeed(backend, cli_flags=cli_flags)
     name = backend.name if backend is not None else "local"
     return DevboxApp(feed=feed, backend_name=name, **options)

@@ -17,7 +17,7 @@ import collections
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Protocol
@@ -56,8 +56,10 @@ class BackendFeed:
     """Boxes and telemetry through devbox's own backend and SSH client: the same code the
     CLI runs. Blocking backend calls go to threads."""
 
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Backend, *, cli_flags: Sequence[str] = ()) -> None:
         self.backend = backend
+        # --context/--namespace the dashboard was started with: `devbox ssh` needs them too.
+        self.cli_flags = list(cli_flags)
 
     async def boxes(self) -> builtins.list[Box]:
         return await asyncio.to_thread(self.backend.list)
@@ -93,7 +95,8 @@ class BackendFeed:
         return await asyncio.to_thread(partial(self.backend.keep, box.name, until=until))
 
     def enter_argv(self, box: Box) -> builtins.list[str]:
-        return [sys.executable, "-m", "devbox", "ssh", "--backend", box.backend, box.name]
+        flags = self.cli_flags if box.backend == self.backend.name else []
+        return [sys.executable, "-m", "devbox", "ssh", "--backend", box.backend, *flags, box.name]
 
 
 def run_attached(argv: builtins.list[str]) -> int:

@@ -205,3 +205,14 @@ async def test_keep_holds_the_selected_box() -> None:
         assert app.store.views["box-01"].box.keep_until == T0 + 4 * 3600
         assert app.store.views["box-00"].box.keep_until == 0
         await until(lambda: "kept until" in str(app.screen.query_one("#detail").render()))
+
+
+def test_entering_a_box_passes_on_the_dashboards_cluster_flags() -> None:
+    from devbox.backends.local import LocalBackend
+    from devbox.config import Config
+    from tests.tui.synthetic import make_box
+    from tui.feed import BackendFeed
+
+    feed = BackendFeed(LocalBackend(config=Config()), cli_flags=["--namespace=lab"])
+    argv = feed.enter_argv(make_box(0, 1))
+    assert argv[-5:] == ["ssh", "--backend", "local", "--namespace=lab", "box-00"]
