@@ -112,7 +112,6 @@ class Telemetry:
         self._subs: set[Subscription] = set()
         self._rate = base_rate  # the sampler's: the fastest any subscriber asked for
         self._poke = threading.Event()
-        self.latest: Sample | None = None
         self._latest_line: bytes | None = None
         # Compact samples (no process tables), encoded, one per 1/base_rate seconds.
         self._history: collections.deque[bytes] = collections.deque(
@@ -199,7 +198,7 @@ class Telemetry:
         return sample, protocol.encode(protocol.SAMPLE, **sample)
 
     def _publish(self, sample: Sample, line: bytes) -> None:
-        self.latest, self._latest_line = sample, line
+        self._latest_line = line
         now = time.monotonic()
         if now - self._history_t >= 0.95 / self._base_rate:
             self._history_t = now

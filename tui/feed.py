@@ -16,7 +16,6 @@ import builtins
 import collections
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -152,7 +151,6 @@ class Store:
         self.views: dict[str, BoxView] = {}
         self.dirty: set[str] = set()
         self.boxes_changed = True  # the first redraw builds the table
-        self.listed_at = 0.0
         self.problem: str | None = None  # why the box list could not be read
 
     def set_boxes(self, boxes: builtins.list[Box]) -> None:
@@ -170,7 +168,6 @@ class Store:
             else:
                 continue
             self.dirty.add(box.name)
-        self.listed_at = time.time()
 
     def frame(self, name: str, frame: protocol.Frame) -> None:
         view = self.views.get(name)
