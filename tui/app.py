@@ -149,6 +149,9 @@ class DevboxApp(App[None]):
         attempt = 0
         while True:
             self.store.link(box.name, "connecting")
+            view = self.store.views.get(box.name)
+            if view is not None:
+                box = view.box  # the newest record: an agent restarted elsewhere has moved
             try:
                 frames: AsyncIterator[object] = self.feed.stream(box, rate=self.rate)
                 async for frame in frames:

@@ -216,3 +216,26 @@ def test_entering_a_box_passes_on_the_dashboards_cluster_flags() -> None:
     feed = BackendFeed(LocalBackend(config=Config()), cli_flags=["--namespace=lab"])
     argv = feed.enter_argv(make_box(0, 1))
     assert argv[-5:] == ["ssh", "--backend", "local", "--namespace=lab", "box-00"]
+
+
+async def test_a_reconnect_uses_the_boxs_newest_record() -> None:
+    import dataclasses
+
+    from devbox.errors import DevboxError
+
+    class Moving(SyntheticFeed):
+        """Reachable only at the address of its newest record (port 2)."""
+
+        async def stream(self, box, *, rate):  # type: ignore[no-untyped-def, override]
+            if box.port != 2:
+                raise DevboxError(f"cannot reach box {box.name}")
+            async for frame in super().stream(box, rate=rate):
+                yield frame
+
+    feed = Moving(1, 1)
+    app = app_for(feed, rate=20)
+    async with app.run_test(size=SIZE):
+        await until(lambda: "box-00" in app.store.views)
+        await until(lambda: app.store.views["box-00"].link.startswith("lost:"))
+        feed.box_list = [dataclasses.replace(feed.box_list[0], port=2)]  # the agent moved
+        await until(lambda: app.store.views["box-00"].link == "live", timeout=10)

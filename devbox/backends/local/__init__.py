@@ -99,9 +99,10 @@ class LocalBackend:
         alive = self.store.agent_alive(box.name)
         last_input, _clients = self.store.activity(box.name)
         if alive:
-            return dataclasses.replace(
-                box, state=BoxState.RUNNING, last_activity=last_input or box.created_at
-            )
+            # A pending record with a live agent is a claim between the agent's start and
+            # its READY: no port or host key yet, so not reachable until the record says so.
+            state = BoxState.PENDING if box.state is BoxState.PENDING else BoxState.RUNNING
+            return dataclasses.replace(box, state=state, last_activity=last_input or box.created_at)
         if (
             box.state is BoxState.PENDING
             and time.time() - box.created_at < self.config.start_timeout
