@@ -137,15 +137,19 @@ async def _pump(
                 continue
             if opcode not in (0x0, 0x2) or not payload:
                 continue
-            channel, data = payload[0], payload[1:]
+            channel, start = payload[0], 1
             if channel not in seen:  # each channel opens with the port number
                 seen.add(channel)
-                data = data[2:]
-            if channel == 0 and data:
-                local_writer.write(data)
+                start = 3
+            if len(payload) <= start:
+                continue
+            if channel == 0:
+                # A view, not a copy: these frames are the whole bulk-transfer path.
+                local_writer.write(memoryview(payload)[start:])
                 await local_writer.drain()
-            elif channel == 1 and data:
-                raise PortForwardError(f"port-forward: {data.decode(errors='replace')}")
+            elif channel == 1:
+                text = payload[start:].decode(errors="replace")
+                raise PortForwardError(f"port-forward: {text}")
 
     async def up() -> None:  # local socket -> API server, on data channel 0
         while chunk := await local_reader.read(CHUNK):
