@@ -71,15 +71,33 @@ class Activity:
     path: Path | None
     last_input: float = field(default_factory=time.time)
     clients: int = 0
+    # A training loop with nobody typing is activity: the probe hub notes each batch it gets.
+    last_probe: float = 0.0
+    # `devbox run` experiments still running in the box.
+    runs: int = 0
     _written: float = 0.0
 
     def input(self) -> None:
         self.last_input = time.time()
         self._maybe_write()
 
+    def probe(self) -> None:
+        self.last_probe = time.time()
+        self._maybe_write()
+
+    def set_runs(self, count: int) -> None:
+        if count != self.runs:
+            self.runs = count
+            self._maybe_write(force=True)
+
     def snapshot(self) -> protocol.Activity:
-        # Read from the telemetry thread: two plain attribute reads, no lock needed.
-        return {"clients": self.clients, "last_input": self.last_input}
+        # Read from the telemetry thread: plain attribute reads, no lock needed.
+        return {
+            "clients": self.clients,
+            "last_input": self.last_input,
+            "last_probe": self.last_probe,
+            "runs": self.runs,
+        }
 
     def client(self, delta: int) -> None:
         self.clients += delta
@@ -91,7 +109,7 @@ class Activity:
             return
         self._written = now
         tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"last_input": self.last_input, "clients": self.clients}))
+        tmp.write_text(json.dumps(self.snapshot()))
         os.replace(tmp, self.path)
 
 

@@ -131,6 +131,8 @@ class BoxProcess(TypedDict):
 class Activity(TypedDict):
     clients: int  # interactive and command channels open now (telemetry not counted)
     last_input: float  # unix time of the last keystroke or stdin byte a user sent
+    last_probe: NotRequired[float]  # unix time of the last devbox.probe batch; 0 = never
+    runs: NotRequired[int]  # `devbox run` experiments still running
 
 
 class Sample(TypedDict):
