@@ -13,11 +13,10 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from kubernetes.client.exceptions import ApiException
-
 from devbox import names
 from devbox import protocol as p
 from devbox.backends.kubernetes import api, capacity, pods, portforward, watching
+from devbox.backends.kubernetes.rest import ApiError
 from devbox.boxes import Box, BoxSpec, BoxState
 from devbox.config import Config
 from devbox.errors import DevboxError, ResourceError, UsageError
@@ -31,7 +30,7 @@ def _gone(call: Callable[[], object]) -> bool:
     """Runs an API call on a pod; True when the pod does not exist (404)."""
     try:
         call()
-    except ApiException as exc:
+    except ApiError as exc:
         if exc.status == 404:
             return True
         raise
@@ -64,25 +63,25 @@ class KubernetesBackend:
 
     # --- lookups --------------------------------------------------------------------
 
-    def _pods(self, selector: str) -> builtins.list[Any]:
+    def _pods(self, selector: str) -> builtins.list[dict[str, Any]]:
         c = self.cluster
-        return list(c.core.list_namespaced_pod(c.namespace, label_selector=selector).items)
+        return list(c.rest.get(c.pods(), labelSelector=selector)["items"])
 
-    def _find(self, name: str) -> Any | None:
+    def _find(self, name: str) -> dict[str, Any] | None:
         found = self._pods(f"{pods.MANAGED},{p.LABEL_BOX}={name}")
         return found[0] if found else None
 
     def _leases(self) -> dict[str, float]:
         c = self.cluster
         try:
-            items = c.coord.list_namespaced_lease(c.namespace, label_selector=pods.MANAGED).items
-        except ApiException:
+            items = c.rest.get(c.leases(), labelSelector=pods.MANAGED)["items"]
+        except ApiError:
             return {}
         out = {}
         for lease in items:
-            ann = lease.metadata.annotations or {}
+            ann = lease["metadata"].get("annotations") or {}
             try:
-                out[lease.metadata.name] = float(ann.get(p.ANN_LAST_INPUT, 0))
+                out[lease["metadata"]["name"]] = float(ann.get(p.ANN_LAST_INPUT, 0))
             except ValueError:
                 continue
         return out
@@ -93,7 +92,7 @@ class KubernetesBackend:
                 f"{pods.MANAGED},{p.LABEL_STATE}=claimed,{p.LABEL_OWNER}={self.owner}"
             )
             leases = self._leases()  # one request for all boxes, not one per box
-        boxes = [pods.to_box(pod, last_input=leases.get(pod.metadata.name, 0.0)) for pod in mine]
+        boxes = [pods.to_box(pod, last_input=leases.get(pods.name(pod), 0.0)) for pod in mine]
         return sorted(boxes, key=lambda b: b.name)
 
     def get(self, name: str) -> Box:
@@ -103,7 +102,7 @@ class KubernetesBackend:
             leases = self._leases() if pod is not None else {}
         if pod is None:
             raise UsageError(f"no box named {name!r} in namespace {self.cluster.namespace!r}")
-        box = pods.to_box(pod, last_input=leases.get(pod.metadata.name, 0.0))
+        box = pods.to_box(pod, last_input=leases.get(pods.name(pod), 0.0))
         if box.owner != self.owner:
             raise UsageError(f"box {name!r} belongs to {box.owner or 'the warm pool'}")
         return box
@@ -113,9 +112,8 @@ class KubernetesBackend:
         c = self.cluster
         value = f"{until:.0f}" if until > 0 else None  # None removes the annotation
         with api.errors(c):
-            c.core.patch_namespaced_pod(
-                box.extra.get("pod", name),
-                c.namespace,
+            c.rest.patch(
+                c.pods(box.extra.get("pod", name)),
                 {"metadata": {"annotations": {p.ANN_KEEP_UNTIL: value}}},
             )
         return self.get(name)
@@ -162,10 +160,8 @@ class KubernetesBackend:
     def _ensure_homes(self) -> None:
         c = self.cluster
         try:
-            c.core.create_namespaced_persistent_volume_claim(
-                c.namespace, pods.homes_claim(self.config)
-            )
-        except ApiException as exc:
+            c.rest.post(c.claims(), pods.homes_claim(self.config))
+        except ApiError as exc:
             if exc.status != 409:  # 409: it exists, as it should after the first claim
                 raise
 
@@ -174,47 +170,40 @@ class KubernetesBackend:
             f"{pods.MANAGED},{p.LABEL_STATE}=warm,"
             f"{p.LABEL_PROFILE}={pods.label_value(spec.profile)},devbox.io/gpus={spec.gpus}"
         )
-        ready = [
-            pod
-            for pod in self._pods(selector)
-            if pod.status
-            and pod.status.phase == "Running"
-            and not pod.metadata.deletion_timestamp
-            and (pod.metadata.annotations or {}).get(p.ANN_HOST_KEY)
-        ]
+        ready = [pod for pod in self._pods(selector) if pods.is_ready_warm(pod)]
         # Concurrent claimers start at different pods, so most first tries succeed.
         random.shuffle(ready)
         c = self.cluster
         for pod in ready:
             patch = pods.claim_patch(
-                resource_version=pod.metadata.resource_version,
+                resource_version=pod["metadata"]["resourceVersion"],
                 box=name,
                 owner=self.owner,
                 owner_key=owner_key,
             )
             try:
-                c.core.patch_namespaced_pod(pod.metadata.name, c.namespace, patch)
-            except ApiException as exc:
+                c.rest.patch(c.pods(pods.name(pod)), patch)
+            except ApiError as exc:
                 if exc.status == 409:  # someone else claimed it first: try the next
                     continue
                 raise
-            self.progress(f"claimed warm pod {pod.metadata.name}")
-            return str(pod.metadata.name)
+            self.progress(f"claimed warm pod {pods.name(pod)}")
+            return pods.name(pod)
         return None
 
     def _create(self, spec: BoxSpec, name: str, owner_key: str) -> str:
         c = self.cluster
         body = pods.box_pod(self.config, spec=spec, box=name, owner=self.owner, owner_key=owner_key)
         try:
-            pod = c.core.create_namespaced_pod(c.namespace, body)
-        except ApiException as exc:
+            pod = c.rest.post(c.pods(), body)
+        except ApiError as exc:
             if exc.status == 409:
                 raise UsageError(
                     f"a box named {name!r} already exists in namespace {c.namespace!r}"
                 ) from None
             raise
-        self.progress(f"created pod {pod.metadata.name}; waiting for it to start")
-        return str(pod.metadata.name)
+        self.progress(f"created pod {pods.name(pod)}; waiting for it to start")
+        return pods.name(pod)
 
     def _wait_ready(self, pod_name: str, *, spec: BoxSpec, owner_fp: str, deadline: float) -> Box:
         """Follow the pod to Running with the agent serving the owner; say what happens."""
@@ -222,8 +211,8 @@ class KubernetesBackend:
         seen_events: set[str] = set()
         said_unschedulable = False
         while True:
-            pod = c.core.read_namespaced_pod(pod_name, c.namespace)
-            ann = pod.metadata.annotations or {}
+            pod = c.rest.get(c.pods(pod_name))
+            ann = pods.annotations_of(pod)
             box = pods.to_box(pod)
             if (
                 box.state is BoxState.RUNNING
@@ -235,7 +224,7 @@ class KubernetesBackend:
                 raise DevboxError(f"box pod {pod_name} failed: {box.reason}")
             self._report_events(pod_name, seen_events)
             if box.state is BoxState.PENDING and box.reason and not said_unschedulable:
-                free = capacity.gpus_by_node(c.core)
+                free = capacity.gpus_by_node(c.rest)
                 most = max((n.allocatable for n in free), default=0) if free is not None else None
                 if most is not None and spec.gpus > most:
                     raise ResourceError(
@@ -254,16 +243,15 @@ class KubernetesBackend:
     def _report_events(self, pod_name: str, seen: set[str]) -> None:
         c = self.cluster
         try:
-            events = c.core.list_namespaced_event(
-                c.namespace, field_selector=f"involvedObject.name={pod_name}"
-            ).items
-        except ApiException:
+            events = c.rest.get(c.events(), fieldSelector=f"involvedObject.name={pod_name}")
+        except ApiError:
             return
-        for event in sorted(events, key=lambda e: e.metadata.creation_timestamp or 0):
-            if event.metadata.uid in seen:
+        # RFC 3339 timestamps of one format sort as text.
+        for event in sorted(events["items"], key=lambda e: e["metadata"]["creationTimestamp"]):
+            if event["metadata"]["uid"] in seen:
                 continue
-            seen.add(event.metadata.uid)
-            if event.reason in (
+            seen.add(event["metadata"]["uid"])
+            if event.get("reason") in (
                 "Scheduled",
                 "Pulling",
                 "Pulled",
@@ -273,7 +261,7 @@ class KubernetesBackend:
                 "Failed",
                 "BackOff",
             ):
-                self.progress(f"  {event.reason}: {event.message}")
+                self.progress(f"  {event['reason']}: {event.get('message', '')}")
 
     # --- release --------------------------------------------------------------------
 
@@ -287,11 +275,11 @@ class KubernetesBackend:
 
     def _delete(self, pod_name: str, *, wait: bool) -> None:
         c = self.cluster
-        if _gone(lambda: c.core.delete_namespaced_pod(pod_name, c.namespace)):
+        if _gone(lambda: c.rest.delete(c.pods(pod_name))):
             return
         deadline = time.monotonic() + 60
         while wait and time.monotonic() < deadline:
-            if _gone(lambda: c.core.read_namespaced_pod(pod_name, c.namespace)):
+            if _gone(lambda: c.rest.get(c.pods(pod_name))):
                 return
             time.sleep(0.1)
 
@@ -300,14 +288,14 @@ class KubernetesBackend:
     def open_socket(self, box: Box) -> socket.socket:
         c = self.cluster
         return portforward.open_socket(
-            c.api_client.configuration, namespace=c.namespace, pod=box.extra["pod"], port=p.SSH_PORT
+            c.endpoint, namespace=c.namespace, pod=box.extra["pod"], port=p.SSH_PORT
         )
 
     def bridge_stdio(self, box: Box) -> None:
         """`devbox proxy`: stdin/stdout straight onto the port-forward's WebSocket."""
         c = self.cluster
         portforward.bridge_stdio(
-            c.api_client.configuration, namespace=c.namespace, pod=box.extra["pod"], port=p.SSH_PORT
+            c.endpoint, namespace=c.namespace, pod=box.extra["pod"], port=p.SSH_PORT
         )
 
     # --- warm pool ------------------------------------------------------------------
@@ -326,19 +314,12 @@ class KubernetesBackend:
         )
         with api.errors(c):
             self._ensure_homes()
-            have = [x for x in self._pods(selector) if not x.metadata.deletion_timestamp]
+            have = [x for x in self._pods(selector) if not x["metadata"].get("deletionTimestamp")]
             for _ in range(max(0, size - len(have))):
-                c.core.create_namespaced_pod(c.namespace, pods.box_pod(self.config, spec=spec))
+                c.rest.post(c.pods(), pods.box_pod(self.config, spec=spec))
             deadline = time.monotonic() + self.config.start_timeout
             while wait:
-                current = [x for x in self._pods(selector) if not x.metadata.deletion_timestamp]
-                ready = [
-                    x
-                    for x in current
-                    if (x.metadata.annotations or {}).get(p.ANN_HOST_KEY)
-                    and x.status
-                    and x.status.phase == "Running"
-                ]
+                ready = [x for x in self._pods(selector) if pods.is_ready_warm(x)]
                 if len(ready) >= size:
                     break
                 if time.monotonic() > deadline:

@@ -1,96 +1,67 @@
-"""Connecting to the cluster (kubeconfig, context, namespace) and turning the client's
-failures into one-line devbox errors."""
+"""Connecting to the cluster (kubeconfig, context, namespace), the paths of the objects
+devbox uses, and turning the API server's refusals into one-line devbox errors."""
 
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from urllib.parse import quote
 
-import urllib3
-from kubernetes import client, config
-from kubernetes.client.exceptions import ApiException
-from kubernetes.config.config_exception import ConfigException
-
+from devbox.backends.kubernetes import kubeconfig
+from devbox.backends.kubernetes.rest import ApiError, Rest
 from devbox.errors import DevboxError, UsageError
 
 
 @dataclass
 class Cluster:
-    core: Any
-    coord: Any
+    rest: Rest
     namespace: str
     context: str
-    api_client: Any
+
+    @property
+    def endpoint(self) -> kubeconfig.Endpoint:
+        return self.rest.endpoint
+
+    # Paths in the box's namespace; `name` empty gives the collection.
+    def pods(self, name: str = "") -> str:
+        return self._path("api/v1", "pods", name)
+
+    def claims(self, name: str = "") -> str:
+        return self._path("api/v1", "persistentvolumeclaims", name)
+
+    def events(self) -> str:
+        return self._path("api/v1", "events", "")
+
+    def leases(self, name: str = "") -> str:
+        return self._path("apis/coordination.k8s.io/v1", "leases", name)
+
+    def _path(self, group: str, kind: str, name: str) -> str:
+        tail = f"/{quote(name)}" if name else ""
+        return f"/{group}/namespaces/{quote(self.namespace)}/{kind}{tail}"
 
 
 def connect(*, context: str = "", namespace: str = "") -> Cluster:
-    """Load credentials as kubectl does: $KUBECONFIG or ~/.kube/config, else in-cluster."""
-    configuration = client.Configuration()
-    try:
-        # Read $KUBECONFIG now: the client reads it once, when it is first imported.
-        files = os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
-        if os.environ.get("KUBECONFIG") or os.path.exists(files):
-            config.load_kube_config(
-                config_file=files, context=context or None, client_configuration=configuration
-            )
-            contexts, current = config.list_kube_config_contexts(config_file=files)
-            chosen = next(
-                (c for c in contexts if c["name"] == (context or current["name"])), current
-            )
-            default_ns = chosen.get("context", {}).get("namespace", "default")
-            context_name = chosen["name"]
-        else:
-            config.load_incluster_config(client_configuration=configuration)
-            context_name = "in-cluster"
-            with open("/var/run/secrets/kubernetes.io/serviceaccount/namespace") as f:
-                default_ns = f.read().strip()
-    except ConfigException as exc:
-        text = str(exc).strip().splitlines()[0] if str(exc).strip() else "invalid kubeconfig"
-        if context and "context" in text.lower():
-            raise UsageError(f"no context {context!r} in your kubeconfig") from None
-        raise UsageError(f"cannot load Kubernetes credentials: {text}") from None
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"cannot load Kubernetes credentials: {exc}") from None
-    # Fail fast on an unreachable API server instead of urllib3's long default retries.
-    configuration.retries = urllib3.Retry(total=2, connect=2, read=0, backoff_factor=0.1)
-    api_client = client.ApiClient(configuration)
+    """Credentials as kubectl finds them: $KUBECONFIG or ~/.kube/config, else in-cluster."""
+    endpoint = kubeconfig.load(context=context)
     return Cluster(
-        core=client.CoreV1Api(api_client),
-        coord=client.CoordinationV1Api(api_client),
-        namespace=namespace or default_ns or "default",
-        context=context_name,
-        api_client=api_client,
+        rest=Rest(endpoint),
+        namespace=namespace or endpoint.namespace,
+        context=endpoint.context,
     )
-
-
-def reason(exc: ApiException) -> str:
-    """The API server's own message, which says exactly what was refused."""
-    try:
-        body = json.loads(exc.body or "{}")
-        return str(body.get("message") or exc.reason)
-    except (ValueError, TypeError):
-        return str(exc.reason)
 
 
 @contextlib.contextmanager
 def errors(cluster: Cluster) -> Iterator[None]:
-    """Translate what the client raises into one line the user can act on."""
+    """Translate what the API server refuses into one line the user can act on. (An
+    unreachable server already raises one: rest.Unreachable.)"""
     try:
         yield
-    except ApiException as exc:
+    except ApiError as exc:
         if exc.status == 403:
-            raise DevboxError(f"forbidden by the cluster's RBAC: {reason(exc)}") from None
+            raise DevboxError(f"forbidden by the cluster's RBAC: {exc.message}") from None
         if exc.status == 401:
-            raise DevboxError(f"the API server rejected your credentials: {reason(exc)}") from None
-        if exc.status == 404 and "namespace" in reason(exc).lower():
-            raise UsageError(f"namespace {cluster.namespace!r}: {reason(exc)}") from None
-        raise DevboxError(f"Kubernetes API error {exc.status}: {reason(exc)}") from None
-    except urllib3.exceptions.HTTPError as exc:
-        host = cluster.api_client.configuration.host
-        raise DevboxError(
-            f"cannot reach the Kubernetes API server at {host}: {type(exc).__name__}"
-        ) from None
+            raise DevboxError(f"the API server rejected your credentials: {exc.message}") from None
+        if exc.status == 404 and "namespace" in exc.message.lower():
+            raise UsageError(f"namespace {cluster.namespace!r}: {exc.message}") from None
+        raise DevboxError(f"Kubernetes API error {exc.status}: {exc.message}") from None

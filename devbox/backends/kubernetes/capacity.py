@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from devbox.backends.kubernetes.pods import GPU
+from devbox.backends.kubernetes.rest import Rest
+from devbox.errors import DevboxError
 
 
 @dataclass(frozen=True)
@@ -15,34 +16,34 @@ class NodeGpus:
     free: int
 
 
-def gpus_by_node(core: Any) -> list[NodeGpus] | None:
+def gpus_by_node(rest: Rest) -> list[NodeGpus] | None:
     """Allocatable and unrequested GPUs per node; None when the user may not list nodes.
     Reading other namespaces' pods may be forbidden too; then free is reported as
     allocatable (an upper bound)."""
     try:
-        nodes = core.list_node().items
-    except Exception:
+        nodes = rest.get("/api/v1/nodes")["items"]
+    except DevboxError:
         return None
     used: dict[str, int] = {}
     try:
-        pods = core.list_pod_for_all_namespaces(
-            field_selector="status.phase!=Succeeded,status.phase!=Failed"
-        ).items
+        pods = rest.get(
+            "/api/v1/pods", fieldSelector="status.phase!=Succeeded,status.phase!=Failed"
+        )["items"]
         for pod in pods:
-            if not pod.spec.node_name:
+            node = pod["spec"].get("nodeName")
+            if not node:
                 continue
-            for c in pod.spec.containers:
-                limits = (c.resources.limits or {}) if c.resources else {}
-                used[pod.spec.node_name] = used.get(pod.spec.node_name, 0) + int(limits.get(GPU, 0))
-    except Exception:  # forbidden or unreachable: keep the upper bound
+            for c in pod["spec"].get("containers") or []:
+                limits = (c.get("resources") or {}).get("limits") or {}
+                used[node] = used.get(node, 0) + int(limits.get(GPU, 0))
+    except DevboxError:  # forbidden or unreachable: keep the upper bound
         used = {}
     out = []
     for node in nodes:
-        alloc = int((node.status.allocatable or {}).get(GPU, 0))
+        alloc = int(((node.get("status") or {}).get("allocatable") or {}).get(GPU, 0))
+        name = node["metadata"]["name"]
         if alloc:
-            out.append(
-                NodeGpus(node.metadata.name, alloc, max(0, alloc - used.get(node.metadata.name, 0)))
-            )
+            out.append(NodeGpus(name, alloc, max(0, alloc - used.get(name, 0))))
     return out
 
 

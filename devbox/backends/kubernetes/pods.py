@@ -135,48 +135,71 @@ def claim_patch(*, resource_version: str, box: str, owner: str, owner_key: str) 
     }
 
 
-def _state(pod: Any) -> tuple[BoxState, str]:
-    if pod.metadata.deletion_timestamp:
+def _state(pod: dict[str, Any]) -> tuple[BoxState, str]:
+    if pod["metadata"].get("deletionTimestamp"):
         return BoxState.RELEASING, "being deleted"
-    phase = pod.status.phase if pod.status else "Pending"
+    status = pod.get("status") or {}
+    phase = status.get("phase") or "Pending"
     if phase == "Running":
         return BoxState.RUNNING, ""
     if phase in ("Failed", "Succeeded"):
-        return BoxState.FAILED, f"pod {phase.lower()}: {pod.status.reason or ''}".strip(": ")
-    for cond in (pod.status.conditions or []) if pod.status else []:
-        if cond.type == "PodScheduled" and cond.status == "False":
-            return BoxState.PENDING, cond.message or cond.reason or "unschedulable"
+        return BoxState.FAILED, f"pod {phase.lower()}: {status.get('reason') or ''}".strip(": ")
+    for cond in status.get("conditions") or []:
+        if cond.get("type") == "PodScheduled" and cond.get("status") == "False":
+            return BoxState.PENDING, cond.get("message") or cond.get("reason") or "unschedulable"
     return BoxState.PENDING, ""
 
 
-def to_box(pod: Any, *, last_input: float = 0.0) -> Box:
-    labels = pod.metadata.labels or {}
-    ann = pod.metadata.annotations or {}
+def name(pod: dict[str, Any]) -> str:
+    return str(pod["metadata"]["name"])
+
+
+def annotations_of(pod: dict[str, Any]) -> dict[str, str]:
+    return pod["metadata"].get("annotations") or {}
+
+
+def is_ready_warm(pod: dict[str, Any]) -> bool:
+    """Running, not being deleted, and its agent has published the host key."""
+    return (
+        (pod.get("status") or {}).get("phase") == "Running"
+        and not pod["metadata"].get("deletionTimestamp")
+        and bool(annotations_of(pod).get(p.ANN_HOST_KEY))
+    )
+
+
+def to_box(pod: dict[str, Any], *, last_input: float = 0.0) -> Box:
+    meta, spec = pod["metadata"], pod.get("spec") or {}
+    labels = meta.get("labels") or {}
+    ann = meta.get("annotations") or {}
     state, why = _state(pod)
-    created: datetime | None = pod.metadata.creation_timestamp
-    limits = (pod.spec.containers[0].resources.limits or {}) if pod.spec.containers else {}
+    containers = spec.get("containers") or [{}]
+    limits = (containers[0].get("resources") or {}).get("limits") or {}
+    created = meta.get("creationTimestamp")
     return Box(
-        name=labels.get(p.LABEL_BOX) or pod.metadata.name,
+        name=labels.get(p.LABEL_BOX) or meta["name"],
         owner=labels.get(p.LABEL_OWNER, ""),
         backend="kubernetes",
         spec=BoxSpec(
             gpus=int(limits.get(GPU, 0)),
             profile=labels.get(p.LABEL_PROFILE, ""),
-            image=pod.spec.containers[0].image if pod.spec.containers else "",
+            image=containers[0].get("image", ""),
         ),
         state=state,
-        host=pod.metadata.name,
+        host=meta["name"],
         port=p.SSH_PORT,
         host_key=ann.get(p.ANN_HOST_KEY, ""),
         host_key_fingerprint=ann.get(p.ANN_HOST_KEY_FP, ""),
         keep_until=_seconds(ann.get(p.ANN_KEEP_UNTIL)),
-        created_at=created.timestamp() if created else 0.0,
+        # RFC 3339 with a Z, as the API server writes it.
+        created_at=datetime.fromisoformat(created.replace("Z", "+00:00")).timestamp()
+        if created
+        else 0.0,
         last_activity=last_input,
         reason=why,
         extra={
-            "pod": pod.metadata.name,
-            "namespace": pod.metadata.namespace,
-            "node": (pod.spec.node_name or "") if pod.spec else "",
+            "pod": meta["name"],
+            "namespace": meta.get("namespace", ""),
+            "node": spec.get("nodeName") or "",
         },
     )
 

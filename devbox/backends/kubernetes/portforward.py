@@ -5,7 +5,7 @@ The official client's portforward() moves ~18 MB/s here, 0.4x `kubectl port-forw
 masks in pure Python. This one runs the WebSocket on an asyncio loop in a thread,
 masks with one big-integer XOR per frame, and hands the caller a plain socket (one end
 of a socketpair), which asyncssh and the ProxyCommand bridge both take as it is.
-Credentials come from the official client's Configuration (kubeconfig or in-cluster).
+Credentials come from the kubeconfig Endpoint (kubeconfig or in-cluster).
 """
 
 from __future__ import annotations
@@ -15,12 +15,11 @@ import base64
 import contextlib
 import os
 import socket
-import ssl
 import struct
 import threading
-from typing import Any
 from urllib.parse import quote, urlsplit
 
+from devbox.backends.kubernetes.kubeconfig import Endpoint
 from devbox.errors import DevboxError
 
 PROTOCOL = "v4.channel.k8s.io"
@@ -29,29 +28,6 @@ CHUNK = 256 * 1024
 
 class PortForwardError(DevboxError):
     pass
-
-
-def _ssl_context(configuration: Any) -> ssl.SSLContext:
-    if configuration.verify_ssl:
-        ctx = ssl.create_default_context(cafile=configuration.ssl_ca_cert or None)
-        if configuration.assert_hostname is False:
-            ctx.check_hostname = False
-    else:
-        ctx = ssl.create_default_context()
-        ctx.check_hostname = False
-        ctx.verify_mode = ssl.CERT_NONE
-    if configuration.cert_file:
-        ctx.load_cert_chain(configuration.cert_file, configuration.key_file)
-    return ctx
-
-
-def _authorization(configuration: Any) -> str | None:
-    for name in ("authorization", "BearerToken"):
-        token = (configuration.api_key or {}).get(name)
-        if token:
-            prefix = (configuration.api_key_prefix or {}).get(name)
-            return f"{prefix} {token}" if prefix else str(token)
-    return None
 
 
 def _mask(payload: bytes, key: bytes) -> bytes:
@@ -74,16 +50,16 @@ def _frame(payload: bytes, opcode: int = 0x2) -> bytes:
 
 
 async def _handshake(
-    configuration: Any, path: str
+    endpoint: Endpoint, path: str
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-    url = urlsplit(configuration.host)
+    url = urlsplit(endpoint.server)
     tls = url.scheme == "https"
     port = url.port or (443 if tls else 80)
     reader, writer = await asyncio.open_connection(
         url.hostname,
         port,
-        ssl=_ssl_context(configuration) if tls else None,
-        server_hostname=(configuration.tls_server_name or url.hostname) if tls else None,
+        ssl=endpoint.ssl_context() if tls else None,
+        server_hostname=(endpoint.tls_server_name or url.hostname) if tls else None,
         limit=CHUNK * 4,
     )
     key = base64.b64encode(os.urandom(16)).decode()
@@ -96,7 +72,7 @@ async def _handshake(
         "Sec-WebSocket-Version: 13",
         f"Sec-WebSocket-Protocol: {PROTOCOL}",
     ]
-    auth = _authorization(configuration)
+    auth = endpoint.authorization()
     if auth:
         lines.append(f"Authorization: {auth}")
     writer.write(("\r\n".join(lines) + "\r\n\r\n").encode())
@@ -167,7 +143,7 @@ async def _pump(
         writer.close()
 
 
-def open_socket(configuration: Any, *, namespace: str, pod: str, port: int) -> socket.socket:
+def open_socket(endpoint: Endpoint, *, namespace: str, pod: str, port: int) -> socket.socket:
     """A connected socket to `port` of the pod, through the API server."""
     path = f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(pod)}/portforward?ports={port}"
     ours, theirs = socket.socketpair()
@@ -176,7 +152,7 @@ def open_socket(configuration: Any, *, namespace: str, pod: str, port: int) -> s
 
     async def main() -> None:
         try:
-            reader, writer = await _handshake(configuration, path)
+            reader, writer = await _handshake(endpoint, path)
         except BaseException as exc:
             ready.append(exc)
             done.set()
@@ -204,12 +180,12 @@ def open_socket(configuration: Any, *, namespace: str, pod: str, port: int) -> s
     return ours
 
 
-def bridge_stdio(configuration: Any, *, namespace: str, pod: str, port: int) -> None:
+def bridge_stdio(endpoint: Endpoint, *, namespace: str, pod: str, port: int) -> None:
     """stdin/stdout <-> the pod's port, for ProxyCommand: no socketpair, no extra thread."""
 
     async def main() -> None:
         path = f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(pod)}/portforward?ports={port}"
-        reader, writer = await _handshake(configuration, path)
+        reader, writer = await _handshake(endpoint, path)
         loop = asyncio.get_running_loop()
         stdin = asyncio.StreamReader(limit=CHUNK * 4)
         await loop.connect_read_pipe(

@@ -5,12 +5,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterator
 
-import urllib3
-from kubernetes import watch as k8s_watch
-from kubernetes.client.exceptions import ApiException
-
 from devbox.backends.kubernetes import api, pods
+from devbox.backends.kubernetes.rest import ApiError, Unreachable
 from devbox.boxes import Box
+
+WATCH_SECONDS = 30  # the server ends each watch after this; the loop lists and goes on
 
 
 def follow(
@@ -27,45 +26,47 @@ def follow(
     while not stop.is_set():
         c = cluster()
         try:
-            listing = c.core.list_namespaced_pod(c.namespace, label_selector=selector)
-            current = {x.metadata.name: pods.to_box(x) for x in listing.items}
+            listing = c.rest.get(c.pods(), labelSelector=selector)
+            current = {pods.name(x): pods.to_box(x) for x in listing["items"]}
             for name, box in current.items():
                 if known.get(name) != box:
                     yield ("MODIFIED" if name in known else "ADDED"), box
             for name in set(known) - set(current):
                 yield "DELETED", known[name]
             known, backoff = current, 0.2
-            stream = k8s_watch.Watch().stream(
-                c.core.list_namespaced_pod,
-                c.namespace,
-                label_selector=selector,
-                resource_version=listing.metadata.resource_version,
-                timeout_seconds=30,
-                allow_watch_bookmarks=True,
+            stream = c.rest.stream(
+                c.pods(),
+                timeout=WATCH_SECONDS + 10,
+                watch="true",
+                labelSelector=selector,
+                resourceVersion=listing["metadata"].get("resourceVersion"),
+                timeoutSeconds=WATCH_SECONDS,
+                allowWatchBookmarks="true",
             )
             for event in stream:
                 if stop.is_set():
                     return
-                kind = event["type"]
+                kind = event.get("type")
                 if kind == "ERROR":  # 410 Gone arrives as an event too: relist
                     break
-                if kind == "BOOKMARK":
-                    continue
-                box = pods.to_box(event["object"])
-                name = event["object"].metadata.name
+                if kind not in ("ADDED", "MODIFIED", "DELETED"):
+                    continue  # BOOKMARK, or a type newer than this code
+                pod = event["object"]
+                box = pods.to_box(pod)
                 if kind == "DELETED":
-                    known.pop(name, None)
+                    known.pop(pods.name(pod), None)
                 else:
-                    known[name] = box
+                    known[pods.name(pod)] = box
                 yield kind, box
-        except ApiException as exc:
+        except ApiError as exc:
             if exc.status in (401, 403):
                 with api.errors(c):
                     raise
             if exc.status != 410:
                 stop.wait(backoff)
                 backoff = min(backoff * 2, 5.0)
-        except (urllib3.exceptions.HTTPError, OSError):
-            # The API server is restarting or unreachable: retry, more slowly each time.
+        except (Unreachable, ValueError):
+            # The API server is restarting or unreachable (or cut a line short): retry,
+            # more slowly each time.
             stop.wait(backoff)
             backoff = min(backoff * 2, 5.0)
