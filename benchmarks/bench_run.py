@@ -26,14 +26,15 @@ def first_line(argv: list[str], env: dict[str, str]) -> float:
     """Seconds from start to the first line on stdout; the command then runs to its end."""
     start = time.perf_counter()
     proc = subprocess.Popen(
-        argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+        argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )
-    assert proc.stdout is not None
+    assert proc.stdout is not None and proc.stderr is not None
     line = proc.stdout.readline()
     took = time.perf_counter() - start
     proc.stdout.read()
+    err = proc.stderr.read().decode()  # a few lines at most: no pipe fills up
     if proc.wait() != 0 or not line.strip():
-        raise SystemExit(f"{argv} failed or printed nothing")
+        raise SystemExit(f"{argv} failed or printed nothing: {err}")
     return took
 
 

@@ -223,20 +223,12 @@ class DevboxApp(App[None]):
             await asyncio.sleep(RUNS_INTERVAL)
 
     def attach_run(self, name: str, run_id: str) -> None:
-        view = self.store.views.get(name)
-        if view is None or view.box.state not in _LIVE:
-            self.notify(f"box {name} is not running", severity="warning")
-            return
-        argv = self.feed.attach_argv(view.box, run_id)
-        try:
-            with self.suspend():
-                status = run_attached(argv)
-        except SuspendNotSupported:
-            self.notify("this terminal cannot hand over to a run", severity="error")
-            return
-        if status not in (0, 130):
-            self.notify(f"cannot attach run {run_id} (status {status})", severity="warning")
-        self.refresh()
+        self._hand_over(
+            name,
+            lambda box: self.feed.attach_argv(box, run_id),
+            what="a run",
+            failed=lambda status: f"cannot attach run {run_id} (status {status})",
+        )
 
     async def _announce_ended(self, name: str) -> None:
         """A box's count of running experiments dropped: say which ended, and how."""
@@ -261,19 +253,35 @@ class DevboxApp(App[None]):
                     )
 
     def enter_box(self, name: str) -> None:
+        self._hand_over(
+            name,
+            lambda box: self.feed.enter_argv(box),
+            what="a session",
+            failed=lambda status: f"the session of {name} ended with status {status}",
+        )
+
+    def _hand_over(
+        self,
+        name: str,
+        argv_for: Callable[[Box], list[str]],
+        *,
+        what: str,
+        failed: Callable[[int], str],
+    ) -> None:
+        """Suspend the app and give the terminal to `argv_for(box)` until it returns."""
         view = self.store.views.get(name)
         if view is None or view.box.state not in _LIVE:
             self.notify(f"box {name} is not running", severity="warning")
             return
-        argv = self.feed.enter_argv(view.box)
+        argv = argv_for(view.box)
         try:
             with self.suspend():
                 status = run_attached(argv)
         except SuspendNotSupported:
-            self.notify("this terminal cannot hand over to a session", severity="error")
+            self.notify(f"this terminal cannot hand over to {what}", severity="error")
             return
         if status not in (0, 130):
-            self.notify(f"the session of {name} ended with status {status}", severity="warning")
+            self.notify(failed(status), severity="warning")
         self.refresh()
 
     def action_claim(self) -> None:

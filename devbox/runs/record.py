@@ -14,7 +14,6 @@ library only: the agent and the in-box helper import this.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
 import re
@@ -24,6 +23,8 @@ import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
+
+from devbox.locks import lock_held  # the wrapper's lock is probed as the agent's is
 
 RUNS_ENV = "DEVBOX_RUNS_DIR"
 # Short enough to type; no look-alike characters (0/o, 1/l/i).
@@ -153,21 +154,6 @@ def write(root: Path, run: Run) -> None:
     tmp = path.with_name(f"run.json.{os.getpid()}.tmp")
     tmp.write_text(json.dumps(data))
     os.replace(tmp, path)
-
-
-def lock_held(path: Path) -> bool:
-    """Whether a wrapper holds `path`'s flock; probing takes a shared lock for an instant."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)  # closing drops the probe's own lock
-    return False
 
 
 def read(root: Path, run_id: str, *, now: float | None = None) -> Run:

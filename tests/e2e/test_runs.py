@@ -85,7 +85,7 @@ def test_a_run_outlives_its_killed_client(user: User, tmp_path: Path, multiplexe
     commit = _git_tree(project)
     client = subprocess.Popen(
         [sys.executable, "-m", "devbox", "run", "--box", "exp", "--sync", str(project), "--",
-         "python3 train.py 1; sleep 2; python3 train.py 2; exit 7"],
+         "python3 train.py 1; until [ -e go ]; do sleep 0.1; done; python3 train.py 2; exit 7"],
         env=user.env,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE,
@@ -104,6 +104,7 @@ def test_a_run_outlives_its_killed_client(user: User, tmp_path: Path, multiplexe
     running = _runs(user, "exp")[rid]
     assert running["state"] == "running"
     _wait_activity(user, "exp", 1)  # a running experiment is activity for the autoscaler
+    (user.box_dir("exp") / "home/proj/go").touch()  # now it may end
     ended = _wait_state(user, "exp", rid, "failed")
     assert ended["exit_code"] == 7 and ended["signal"] is None
     assert ended["git_commit"] == commit and ended["git_dirty"] is False
