@@ -86,7 +86,8 @@ def main() -> None:
                 (rsync_resync, plain, sb.env),
                 (sftp_resync, [*devbox, "sync", "bench", str(tree)], sftp_env),
             ):
-                changed = tree / f"d{i % 50:02d}" / f"f{(i % 50) * 100}.py"
+                n = (i * 97 + len(times)) % args.files
+                changed = tree / f"d{n // 100:02d}" / f"f{n}.py"
                 changed.write_text(f"changed {time.time()} {len(times)}\n")
                 os.utime(changed)
                 times.append(wall(argv, env))

@@ -38,6 +38,10 @@ PYTHON_ENV = "DEVBOX_PYTHON"
 MULTIPLEXER_ENV = "DEVBOX_MULTIPLEXER"
 KILL_GRACE_SECONDS = 10.0
 START_TIMEOUT_SECONDS = 15.0
+# A followed log is polled (the standard library has no inotify): every 10 ms for the first
+# seconds, when the user waits for the first line, and after any output; at most every
+# 100 ms once the run has been quiet for a while.
+QUICK_POLL, SLOW_POLL, QUICK_SECONDS = 0.01, 0.1, 3.0
 TMUX_SESSION = "main"  # as Multiplexer.attach_argv names it
 
 
@@ -208,13 +212,14 @@ def follow_log(
     with open(path, "rb") as log:
         if tail is not None:
             log.seek(max(0, os.fstat(log.fileno()).st_size - tail))
-        idle = 0.005
+        began = time.monotonic()
+        idle = QUICK_POLL
         while True:
             chunk = log.read(256 * 1024)
             if chunk:
                 out.write(chunk)
                 out.flush()
-                idle = 0.005
+                idle = QUICK_POLL
                 continue
             if not to_end:
                 return 0
@@ -232,7 +237,8 @@ def follow_log(
                 raise Failure(f"run {run_id} did not start within {START_TIMEOUT_SECONDS:g}s")
             # Quick at first (the first line is what the user waits for), then gentle.
             time.sleep(idle)
-            idle = min(idle * 2, 0.1)
+            if time.monotonic() - began > QUICK_SECONDS:
+                idle = min(idle * 2, SLOW_POLL)
 
 
 def _say_end(run: record.Run) -> None:

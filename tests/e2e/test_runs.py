@@ -279,3 +279,13 @@ def test_bad_input_gets_one_line(user: User, tmp_path: Path) -> None:
     denied = subprocess.run(argv, env=user.env, capture_output=True, cwd="/", timeout=30)
     assert "permission denied" in _one_line_error(denied, 2)
     assert _runs(user, "bad") == {}  # nothing was started by any of it
+
+
+def test_a_run_records_and_sees_the_boxs_gpus(user: User) -> None:
+    user.gpus(3)
+    box = user.up("gpu", "--gpus", "2")
+    uuids = ",".join(box["gpu_ids"])  # type: ignore[arg-type]
+    seen = user.devbox("run", "--box", "gpu", "--no-sync", "--", "echo $CUDA_VISIBLE_DEVICES")
+    assert seen.returncode == 0 and seen.stdout.strip().decode() == uuids
+    (run,) = _runs(user, "gpu").values()
+    assert run["gpus"] == uuids and run["git_commit"] is None and run["source"] == ""
