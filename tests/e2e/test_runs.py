@@ -122,7 +122,7 @@ def test_a_run_outlives_its_killed_client(user: User, tmp_path: Path, multiplexe
 
 
 def test_following_ends_with_the_run_its_status_and_a_notification(
-    user: User, tmp_path: Path
+    user: User, tmp_path: Path, ssh_client: str
 ) -> None:
     user.up("fol")
     bin_dir = tmp_path / "bin"
