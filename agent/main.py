@@ -216,6 +216,9 @@ async def _serve(
     agent.telemetry = _telemetry(args, gpu_uuids, activity=agent.activity.snapshot)
     # Telemetry starts a moment late: the first SSH connection after `devbox up` comes first.
     sampler = asyncio.create_task(agent.telemetry.run(delay=0.5))
+    from agent import runs
+
+    counter = asyncio.create_task(runs.watch(agent.activity, agent.runs_dir), name="runs")
     # Once everything long-lived is imported and built (asyncssh, NVML, the sampler), move
     # it out of the cyclic GC's sight: each tick allocates hundreds of small objects, and
     # the collections they trigger otherwise re-scan all of asyncssh every time (a third
@@ -238,7 +241,8 @@ async def _serve(
     if link_stop is not None:
         link_stop.set()
     sampler.cancel()
-    await asyncio.gather(sampler, return_exceptions=True)
+    counter.cancel()
+    await asyncio.gather(sampler, counter, return_exceptions=True)
     return 0
 
 

@@ -10,6 +10,7 @@ import logging
 import os
 import pwd
 import socket
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -22,6 +23,7 @@ from agent import shell
 from agent.telemetry import Telemetry
 from devbox import protocol
 from devbox.boxes import Multiplexer
+from devbox.runs.record import RUNS_ENV
 
 log = logging.getLogger("devbox.agent")
 
@@ -136,6 +138,7 @@ class Agent:
         env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
         if self.box.gpu_env is not None:
             env["CUDA_VISIBLE_DEVICES"] = self.box.gpu_env
+        env.update(self.run_env())
         for key, value in process.env.items():
             if (
                 isinstance(key, str)
@@ -151,6 +154,19 @@ class Agent:
         if term:
             env["TERM"] = term
         return env
+
+    @property
+    def runs_dir(self) -> Path:
+        return self.box.home / ".devbox/runs"
+
+    def run_env(self) -> dict[str, str]:
+        """What `devbox run`'s in-box helper needs: this interpreter (which has devbox,
+        whatever PATH says), the box's runs folder, and the multiplexer of its session."""
+        return {
+            "DEVBOX_PYTHON": sys.executable,
+            RUNS_ENV: str(self.runs_dir),
+            "DEVBOX_MULTIPLEXER": self.box.multiplexer.kind,
+        }
 
     @property
     def login_shell(self) -> str:

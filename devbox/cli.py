@@ -161,8 +161,56 @@ def build_parser() -> argparse.ArgumentParser:
     pls = pool_sub.add_parser("ls", parents=[backend], help="list the warm pods")
     pls.add_argument("--json", action="store_true")
 
+    _add_run_commands(sub, backend)
     sub.add_parser("agent", help="run a box's agent (used by the backends)", add_help=False)
     return parser
+
+
+# `devbox run` and what looks after runs; their handlers live in devbox.runs.commands.
+RUN_COMMANDS = ("run", "runs", "logs", "attach", "kill", "sync")
+
+
+def _add_run_commands(sub: argparse._SubParsersAction[_Parser], backend: _Parser) -> None:
+    run = sub.add_parser(
+        "run",
+        parents=[backend],
+        help="run CMD in a box, detached, with a record (ctrl-c detaches)",
+        usage="devbox run [--box NAME | --gpus N] [--sync DIR | --no-sync] [--detach] -- CMD ...",
+    )
+    run.add_argument("--box", help="the box to run in (default: claim a new one)")
+    run.add_argument("--gpus", type=_gpu_count, help="claim a new box with N GPUs for it")
+    run.add_argument("--sync", metavar="DIR", help="folder synced into the box (default: .)")
+    run.add_argument("--no-sync", action="store_true", help="sync nothing; run in the home")
+    run.add_argument(
+        "--detach", "-d", action="store_true", help="print the run id and return at once"
+    )
+    run.add_argument("cmd", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+
+    runs = sub.add_parser("runs", parents=[backend], help="list the runs of a box (or all)")
+    runs.add_argument("name", nargs="?", help="box name (default: every running box)")
+    runs.add_argument("--json", action="store_true", help="one JSON array of run records")
+
+    logs = sub.add_parser("logs", parents=[backend], help="print or follow a run's output")
+    logs.add_argument("name")
+    logs.add_argument("run")
+    logs.add_argument("--follow", "-f", action="store_true", help="until the run ends")
+
+    attach = sub.add_parser("attach", parents=[backend], help="join a run's window")
+    attach.add_argument("name")
+    attach.add_argument("run")
+
+    kill = sub.add_parser("kill", parents=[backend], help="stop a run (SIGTERM, then SIGKILL)")
+    kill.add_argument("name")
+    kill.add_argument("run")
+
+    sync = sub.add_parser(
+        "sync", parents=[backend], help="sync a folder into a box, as `devbox run` does"
+    )
+    sync.add_argument("name")
+    sync.add_argument("dir", nargs="?", default=".", help="the folder (default: .)")
+
+    comp = sub.add_parser("completion", help='shell completion: eval "$(devbox completion bash)"')
+    comp.add_argument("shell", choices=("bash", "zsh"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -172,6 +220,11 @@ def main(argv: list[str] | None = None) -> int:
         from agent.main import main as agent_main
 
         return agent_main(argv[1:])
+    if argv[:1] == ["_complete"]:
+        # On every TAB: no argparse, no backend, only a cache file (devbox.completion).
+        from devbox.completion import complete
+
+        return complete(argv[1:])
     args = build_parser().parse_args(argv)
     if args.command is None:
         build_parser().print_help()
@@ -190,6 +243,16 @@ def main(argv: list[str] | None = None) -> int:
             ]
             make_app(backend=commands.backend_for(args), rate=args.rate, cli_flags=flags).run()
             return 0
+        if args.command in RUN_COMMANDS:
+            from devbox.runs.commands import HANDLERS
+
+            return HANDLERS[args.command](args)
+        if args.command == "completion":
+            from devbox.completion import script
+
+            names = [c for c in _subcommands() if c != "agent"]
+            sys.stdout.write(script(args.shell, commands=names))
+            return 0
         return commands.dispatch(args)
     except DevboxError as exc:
         if debug:
@@ -206,3 +269,8 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
+
+
+def _subcommands() -> list[str]:
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return list(sub.choices)

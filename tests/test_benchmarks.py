@@ -75,3 +75,18 @@ def test_tui_benchmark() -> None:
         assert tui["key_latency_ms"][key] >= tui["key_handled_ms"][key] >= 0
     assert tui["key_latency_ms"]["n"] > 0 and tui["frames_per_s"] > 0
     assert result["tui_over_floor"] is None or result["tui_over_floor"] > 0
+
+
+def test_run_benchmark() -> None:
+    result = _run("bench_run.py", "--runs", "1", "--files", "50")
+    assert result["benchmark"] == "run" and result["files"] == 50
+    for key in (
+        "devbox_run_no_sync_first_line_s",
+        "devbox_run_sync_unchanged_first_line_s",
+        "peer_openssh_ssh_cmd_first_line_s",
+        "devbox_resync_one_changed_s",
+        "peer_plain_rsync_one_changed_s",
+        "devbox_sftp_resync_one_changed_s",
+    ):
+        assert result[key]["n"] == 1 and result[key]["median"] > 0
+    assert result["run_no_sync_over_ssh"] > 0 and result["resync_over_plain_rsync"] > 0

@@ -29,12 +29,17 @@ from tui.feed import BackendFeed, Feed, Store, run_attached
 from tui.screens.box import BoxScreen
 from tui.screens.boxes import BoxesScreen
 from tui.screens.modals import ClaimRequest, ClaimScreen, ConfirmScreen
+from tui.screens.runlog import RunLogScreen
 
 # How long `K` keeps a box against idle release (as `devbox keep` without --for).
 KEEP_SECONDS = 4 * 3600.0
 # How long a lost telemetry link waits before it tries again, doubling up to the last.
 BACKOFF = (0.5, 1.0, 2.0, 5.0, 10.0)
 _LIVE = frozenset({BoxState.RUNNING, BoxState.IDLE})
+# How often the open box's runs and an open log are fetched again.
+RUNS_INTERVAL = 3.0
+# A run that ended longer ago than this is not news when its box's count drops.
+ANNOUNCE_WITHIN = 120.0
 
 
 class Redrawable(Protocol):
@@ -93,6 +98,7 @@ class DevboxApp(App[None]):
         self.store = Store()
         self.streams: dict[str, Worker[None]] = {}
         self._relist = asyncio.Event()
+        self.announced: set[tuple[str, str]] = set()  # (box, run) endings already told
 
     def on_mount(self) -> None:
         self.push_screen(BoxesScreen())
@@ -106,6 +112,8 @@ class DevboxApp(App[None]):
     # --- the redraw clock ----------------------------------------------------------
 
     def redraw(self) -> None:
+        for name in self.store.take_runs_ended():
+            self.run_worker(self._announce_ended(name), name=f"ended {name}", group="runs-ended")
         relist, self.store.boxes_changed = self.store.boxes_changed, False
         dirty = self.store.take_dirty()
         if not (dirty or relist) or not self.is_running or not self.screen_stack:
@@ -173,21 +181,107 @@ class DevboxApp(App[None]):
 
     def open_box(self, name: str) -> None:
         self.push_screen(BoxScreen(name))
+        self.run_worker(self._follow_runs(name), name=f"runs {name}", group="runs", exclusive=True)
+
+    # --- runs: `devbox run` experiments of the open box ------------------------------
+
+    def _showing(self, kind: type[BoxScreen | RunLogScreen], name: str) -> bool:
+        return any(isinstance(s, kind) and s.box_name == name for s in self.screen_stack)
+
+    async def _follow_runs(self, name: str) -> None:
+        """The open box's runs, every few seconds while its screen is in the stack."""
+        while self._showing(BoxScreen, name):
+            view = self.store.views.get(name)
+            if view is not None and view.box.state in _LIVE:
+                try:
+                    self.store.set_runs(name, await self.feed.runs(view.box))
+                except DevboxError as exc:
+                    self.notify(exc.message, title="runs", severity="warning", timeout=5)
+                    return
+            await asyncio.sleep(RUNS_INTERVAL)
+
+    def open_run_log(self, name: str, run_id: str) -> None:
+        screen = RunLogScreen(name, run_id)
+        self.push_screen(screen)
+        self.run_worker(self._follow_log(screen), name=f"log {run_id}", group="log", exclusive=True)
+
+    async def _follow_log(self, screen: RunLogScreen) -> None:
+        while screen in self.screen_stack:
+            view = self.store.views.get(screen.box_name)
+            if view is None:
+                return
+            try:
+                text = await self.feed.run_log(view.box, screen.run_id)
+            except DevboxError as exc:
+                self.notify(exc.message, title="log", severity="error", timeout=10)
+                return
+            screen.show_log(text)
+            runs = {r.id: r for r in self.store.runs.get(screen.box_name, [])}
+            run = runs.get(screen.run_id)
+            if run is not None and run.finished:
+                return  # an ended run's log does not change
+            await asyncio.sleep(RUNS_INTERVAL)
+
+    def attach_run(self, name: str, run_id: str) -> None:
+        self._hand_over(
+            name,
+            lambda box: self.feed.attach_argv(box, run_id),
+            what="a run",
+            failed=lambda status: f"cannot attach run {run_id} (status {status})",
+        )
+
+    async def _announce_ended(self, name: str) -> None:
+        """A box's count of running experiments dropped: say which ended, and how."""
+        view = self.store.views.get(name)
+        if view is None:
+            return
+        try:
+            runs = await self.feed.runs(view.box)
+        except DevboxError:
+            return
+        self.store.set_runs(name, runs)
+        for run in runs:
+            key = (name, run.id)
+            if run.finished and key not in self.announced and run.ended_at is not None:
+                self.announced.add(key)
+                if self.clock() - run.ended_at < ANNOUNCE_WITHIN:
+                    self.notify(
+                        f"run {run.id} on {name} {run.state} ({run.outcome()}): {run.command}",
+                        title="run ended",
+                        severity="information" if run.state == "done" else "warning",
+                        timeout=15,
+                    )
 
     def enter_box(self, name: str) -> None:
+        self._hand_over(
+            name,
+            lambda box: self.feed.enter_argv(box),
+            what="a session",
+            failed=lambda status: f"the session of {name} ended with status {status}",
+        )
+
+    def _hand_over(
+        self,
+        name: str,
+        argv_for: Callable[[Box], list[str]],
+        *,
+        what: str,
+        failed: Callable[[int], str],
+    ) -> None:
+        """Suspend the app and give the terminal to `argv_for(box)` until it returns."""
         view = self.store.views.get(name)
         if view is None or view.box.state not in _LIVE:
             self.notify(f"box {name} is not running", severity="warning")
             return
-        argv = self.feed.enter_argv(view.box)
+        argv = argv_for(view.box)
         try:
             with self.suspend():
                 status = run_attached(argv)
         except SuspendNotSupported:
-            self.notify("this terminal cannot hand over to a session", severity="error")
+            self.notify(f"this terminal cannot hand over to {what}", severity="error")
             return
         if status not in (0, 130):
-            self.notify(f"the session of {name} ended with status {status}", severity="warning")
+            self.notify(failed(status), severity="warning")
         self.refresh()
 
     def action_claim(self) -> None:

@@ -26,9 +26,12 @@ from devbox.backends.base import Backend
 from devbox.boxes import Box, BoxSpec
 from devbox.errors import DevboxError
 from devbox.protocol import Sample
+from devbox.runs.record import Run
 
 # Seconds of 1 Hz history kept per box for sparklines and charts (the agent keeps 600).
 HISTORY_POINTS = 120
+# How much of a run's log the log screen shows: its end, as `tail` would.
+LOG_TAIL_BYTES = 64 * 1024
 
 
 class Feed(Protocol):
@@ -48,6 +51,18 @@ class Feed(Protocol):
 
     def enter_argv(self, box: Box) -> builtins.list[str]:
         """The command that attaches the box's session, run while the app is suspended."""
+        ...
+
+    async def runs(self, box: Box) -> builtins.list[Run]:
+        """The box's `devbox run` experiments, oldest first."""
+        ...
+
+    async def run_log(self, box: Box, run_id: str) -> str:
+        """The end of a run's log (what fits a screen or two)."""
+        ...
+
+    def attach_argv(self, box: Box, run_id: str) -> builtins.list[str]:
+        """The command that joins a run's window, run while the app is suspended."""
         ...
 
 
@@ -96,6 +111,24 @@ class BackendFeed:
     def enter_argv(self, box: Box) -> builtins.list[str]:
         flags = self.cli_flags if box.backend == self.backend.name else []
         return [sys.executable, "-m", "devbox", "ssh", "--backend", box.backend, *flags, box.name]
+
+    async def runs(self, box: Box) -> builtins.list[Run]:
+        from devbox.runs import remote
+
+        return await asyncio.to_thread(remote.list_runs, self.backend, box)
+
+    async def run_log(self, box: Box, run_id: str) -> str:
+        from devbox.runs import remote
+
+        raw = await asyncio.to_thread(
+            partial(remote.read_log, self.backend, box, run_id, tail=LOG_TAIL_BYTES)
+        )
+        return raw.decode(errors="replace")
+
+    def attach_argv(self, box: Box, run_id: str) -> builtins.list[str]:
+        flags = self.cli_flags if box.backend == self.backend.name else []
+        return [sys.executable, "-m", "devbox", "attach", "--backend", box.backend, *flags,
+                box.name, run_id]  # fmt: skip
 
 
 def run_attached(argv: builtins.list[str]) -> int:
@@ -152,6 +185,12 @@ class Store:
         self.dirty: set[str] = set()
         self.boxes_changed = True  # the first redraw builds the table
         self.problem: str | None = None  # why the box list could not be read
+        # `devbox run` experiments of the boxes whose screen was opened.
+        self.runs: dict[str, builtins.list[Run]] = {}
+        # Running experiments per box, as its telemetry's activity counts them; a drop
+        # means one ended, and the app says so (the laptop's `devbox run` may be gone).
+        self.run_counts: dict[str, int] = {}
+        self.runs_ended: set[str] = set()
 
     def set_boxes(self, boxes: builtins.list[Box]) -> None:
         names = {b.name for b in boxes}
@@ -177,6 +216,7 @@ class Store:
             view.add_history(frame.body.get("samples", []))
         elif frame.type == protocol.SAMPLE:
             view.add(frame.body)  # type: ignore[arg-type]
+            self._count_runs(name, frame.body.get("activity", {}).get("runs"))
         view.link = "live"
         self.dirty.add(name)
 
@@ -185,6 +225,22 @@ class Store:
         if view is not None and view.link != state:
             view.link = state
             self.dirty.add(name)
+
+    def _count_runs(self, name: str, count: object) -> None:
+        if not isinstance(count, int):
+            return  # an agent older than `devbox run`
+        if count < self.run_counts.get(name, 0):
+            self.runs_ended.add(name)
+        self.run_counts[name] = count
+
+    def set_runs(self, name: str, runs: builtins.list[Run]) -> None:
+        if self.runs.get(name) != runs:
+            self.runs[name] = runs
+            self.dirty.add(name)
+
+    def take_runs_ended(self) -> set[str]:
+        ended, self.runs_ended = self.runs_ended, set()
+        return ended
 
     def take_dirty(self) -> set[str]:
         dirty, self.dirty = self.dirty, set()

@@ -185,3 +185,23 @@ def run(box: Box, sock: socket.socket, command: str | None, *, interactive_: boo
         return asyncio.run(main())
     except (asyncssh.ConnectionLost, asyncssh.DisconnectError) as exc:
         raise DevboxError(f"lost the connection to box {box.name}: {exc.reason}") from None
+
+
+def capture(box: Box, sock: socket.socket, command: str) -> tuple[int, bytes, bytes]:
+    """Run `command` with no input; its exit status, stdout and stderr (`devbox runs`)."""
+
+    async def main() -> tuple[int, bytes, bytes]:
+        conn = await connect(box, sock)
+        try:
+            result = await conn.run(command, encoding=None, stdin=asyncssh.DEVNULL)
+        finally:
+            conn.close()
+        out, err = result.stdout or b"", result.stderr or b""
+        status = result.exit_status if result.exit_status is not None else 255
+        assert isinstance(out, bytes) and isinstance(err, bytes)  # encoding=None
+        return status, out, err
+
+    try:
+        return asyncio.run(main())
+    except (asyncssh.ConnectionLost, asyncssh.DisconnectError) as exc:
+        raise DevboxError(f"lost the connection to box {box.name}: {exc.reason}") from None

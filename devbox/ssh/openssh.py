@@ -63,3 +63,9 @@ def argv(ssh: str, box: Box, command: str | None, *, tty: bool) -> list[str]:
 
 def run(ssh: str, box: Box, command: str | None, *, tty: bool) -> int:
     return subprocess.call(argv(ssh, box, command, tty=tty))
+
+
+def rsync_shell(ssh: str, box: Box) -> tuple[list[str], str]:
+    """rsync's `-e` command and the host to name: the same key and pins as `devbox ssh`."""
+    full = argv(ssh, box, None, tty=False)
+    return full[:-1], full[-1]

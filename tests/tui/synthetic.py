@@ -13,6 +13,7 @@ from devbox import protocol
 from devbox.boxes import Box, BoxSpec, BoxState
 from devbox.errors import DevboxError
 from devbox.protocol import BoxProcess, GpuSample, HostSample, Sample
+from devbox.runs.record import Run
 
 GIB = 1 << 30
 T0 = 1_800_000_000.0  # a fixed "now" for pictures
@@ -103,6 +104,11 @@ class SyntheticFeed:
         self.gpus = gpus
         self.history = history
         self.entered: list[str] = []
+        self.attached: list[tuple[str, str]] = []
+        # Per box: its runs (two made-up ones each) and how many are running, as the
+        # agent's activity counts them; tests change both to end a run.
+        self.box_runs = {b.name: make_runs(b.name) for b in self.box_list}
+        self.running: dict[str, int] = {b.name: 1 for b in self.box_list}
         self.fail_next_stream: set[str] = set()  # fault injection for reconnect tests
 
     async def boxes(self) -> builtins.list[Box]:
@@ -118,7 +124,14 @@ class SyntheticFeed:
                 self.fail_next_stream.discard(box.name)
                 raise DevboxError(f"lost the connection to box {box.name}: injected")
             t = T0 + (seq - self.history) / rate  # the first live sample is at T0
-            yield protocol.Frame(protocol.SAMPLE, dict(sample(index, self.gpus, seq, t=t)))
+            body = dict(sample(index, self.gpus, seq, t=t))
+            body["activity"] = {
+                "clients": 0,
+                "last_input": T0 - 60,
+                "last_probe": 0.0,
+                "runs": self.running.get(box.name, 0),
+            }
+            yield protocol.Frame(protocol.SAMPLE, body)
             seq += 1
             if not self.live:
                 await asyncio.Event().wait()
@@ -142,3 +155,24 @@ class SyntheticFeed:
     def enter_argv(self, box: Box) -> builtins.list[str]:
         self.entered.append(box.name)
         return ["true"]
+
+    async def runs(self, box: Box) -> builtins.list[Run]:
+        return list(self.box_runs.get(box.name, []))
+
+    async def run_log(self, box: Box, run_id: str) -> str:
+        return f"\x1b[1mrun {run_id}\x1b[0m on {box.name}\r\nepoch 1\r\nstep 50%\rstep 100%\r\n"
+
+    def attach_argv(self, box: Box, run_id: str) -> builtins.list[str]:
+        self.attached.append((box.name, run_id))
+        return ["true"]
+
+
+def make_runs(box: str) -> list[Run]:
+    return [
+        Run(id="a1b2", box=box, command="python train.py --lr 3e-4", cwd="/home/ada/proj",
+            created_at=T0 - 7200, started_at=T0 - 7199, ended_at=T0 - 3600, exit_code=0,
+            git_commit="0123456789abcdef", git_dirty=False, gpus="0", state="done"),
+        Run(id="c3d4", box=box, command="python train.py --lr 1e-3", cwd="/home/ada/proj",
+            created_at=T0 - 600, started_at=T0 - 599, git_commit="0123456789abcdef",
+            git_dirty=True, gpus="0", state="running"),
+    ]  # fmt: skip

@@ -9,6 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
+from textual.widgets import DataTable
 
 from tests.tui.synthetic import SyntheticFeed
 from tests.tui.test_app import app_for, until
@@ -49,6 +50,8 @@ async def test_box_screen(tmp_path: Path) -> None:
         await until(lambda: all(v.sample for v in app.store.views.values()) and app.store.views)
         await pilot.press("enter")
         await until(lambda: len(app.screen.query(GpuPanel)) == 4)
+        # The runs table's rows change the scroll bar: draw once they are in.
+        await until(lambda: app.screen.query_one("#runs", DataTable).row_count == 2)
         await pilot.pause(0.3)
         svg = app.export_screenshot(title="devbox tui")
     check(svg, "box.svg", tmp_path)

@@ -1,5 +1,6 @@
 """One box: per-GPU charts over the recent history, the processes on its GPUs and in the
-box, and its host figures. The model screen (step 5) will open from here."""
+box, its host figures, and its `devbox run` experiments (open a log, attach one). The model
+screen (step 5) will open from here."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ from typing import ClassVar
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
+from textual.coordinate import Coordinate
 from textual.widgets import DataTable, Footer, Header, Label, Sparkline, Static
 
+from devbox.runs.record import Run
 from tui.feed import BoxView, Store
 from tui.screens.base import AppScreen
 from tui.widgets.text import age, pct, size
@@ -66,6 +69,8 @@ class BoxScreen(AppScreen):
         Binding("s", "enter_box", "Shell"),
         Binding("ctrl+d", "release", "Release"),
         Binding("K", "keep", "Keep 4h"),
+        Binding("l", "run_log", "Run log"),
+        Binding("a", "attach_run", "Attach run"),
     ]
 
     def __init__(self, name: str) -> None:
@@ -73,6 +78,7 @@ class BoxScreen(AppScreen):
         self.box_name = name
         self.gpu_indices: list[int] = []
         self.ready = False
+        self.shown_runs: list[Run] | None = None
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -83,6 +89,8 @@ class BoxScreen(AppScreen):
             yield DataTable(id="gpu-procs", cursor_type="none")
             yield Label("Busiest processes in the box", classes="section")
             yield DataTable(id="procs", cursor_type="none")
+            yield Label("Runs (l: log, a: attach)", classes="section")
+            yield DataTable(id="runs", cursor_type="row")
         yield Footer()
 
     def on_unmount(self) -> None:
@@ -97,6 +105,9 @@ class BoxScreen(AppScreen):
         self.query_one("#procs", DataTable).add_columns(
             "PID", "USER", "CPU", "RSS", "THREADS", "COMMAND"
         )
+        runs = self.query_one("#runs", DataTable)
+        runs.add_columns("RUN", "STATE", "EXIT", "STARTED", "TOOK", "COMMIT", "COMMAND")
+        runs.focus(scroll_visible=False)  # up/down pick the run that l and a act on
         self.show(self.devbox.store, {self.box_name}, relist=True)
 
     def show(self, store: Store, dirty: set[str], *, relist: bool) -> None:
@@ -121,6 +132,7 @@ class BoxScreen(AppScreen):
             self._show_gpus(view)
         if sample is not None:
             self._processes(view)
+        self._runs(store.runs.get(self.box_name))
 
     def _show_gpus(self, view: BoxView) -> None:
         for panel in self.query(GpuPanel):
@@ -176,6 +188,48 @@ class BoxScreen(AppScreen):
                 "-" if proc["threads"] is None else str(proc["threads"]),
                 (proc["cmdline"] or proc["name"])[:100],
             )
+
+    def _runs(self, runs: list[Run] | None) -> None:
+        if runs is None or runs == self.shown_runs:
+            return
+        self.shown_runs = runs
+        table = self.query_one("#runs", DataTable)
+        row = table.cursor_row
+        table.clear()
+        now = self.devbox.clock()
+        for run in reversed(runs):  # newest first
+            took = run.duration(now)
+            commit = (run.git_commit or "-")[:10] + ("+" if run.git_dirty else "")
+            table.add_row(
+                run.id,
+                run.state,
+                run.outcome(),
+                f"{age(now - run.created_at)} ago",
+                "-" if took is None else age(took),
+                commit,
+                run.command[:80],
+                key=run.id,
+            )
+        if runs:
+            table.move_cursor(row=min(row, len(runs) - 1))
+
+    def selected_run(self) -> str | None:
+        table = self.query_one("#runs", DataTable)
+        if not table.row_count:
+            self.notify("no runs in this box: `devbox run --box NAME -- CMD` starts one")
+            return None
+        key = table.coordinate_to_cell_key(Coordinate(table.cursor_row, 0)).row_key.value
+        return str(key) if key is not None else None
+
+    def action_run_log(self) -> None:
+        run_id = self.selected_run()
+        if run_id is not None:
+            self.devbox.open_run_log(self.box_name, run_id)
+
+    def action_attach_run(self) -> None:
+        run_id = self.selected_run()
+        if run_id is not None:
+            self.devbox.attach_run(self.box_name, run_id)
 
     def action_enter_box(self) -> None:
         self.devbox.enter_box(self.box_name)

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from devbox.boxes import Box
 from devbox.errors import StateError
+from devbox.locks import lock_held
 
 RECORD = "box.json"
 
@@ -77,17 +78,7 @@ class BoxStore:
 
     def agent_alive(self, name: str) -> bool:
         """True while an agent holds the box's lock; the kernel frees it when the agent dies."""
-        try:
-            fd = os.open(self.box_dir(name) / "agent.lock", os.O_RDONLY)
-        except FileNotFoundError:
-            return False
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        finally:
-            os.close(fd)
-        return False
+        return lock_held(self.box_dir(name) / "agent.lock")
 
     def agent_pid(self, name: str) -> int | None:
         try:
