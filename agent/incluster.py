@@ -7,7 +7,9 @@ import argparse
 import asyncio
 import logging
 import os
+import subprocess
 import threading
+import time
 
 import asyncssh
 
@@ -17,6 +19,19 @@ from agent.server import Agent
 from devbox import protocol
 
 log = logging.getLogger("devbox.agent.incluster")
+
+
+def release_warning(box: str, reason: str, release_at: str) -> str:
+    try:
+        clock = time.strftime("%H:%M:%S", time.localtime(float(release_at)))
+    except ValueError:
+        clock = "soon"
+    why = "has been idle" if reason == "idle" else "reached its maximum lifetime"
+    return f"devbox: box {box} {why}; it will be released at {clock} (`devbox keep {box}` holds it)"
+
+
+def _quiet(argv: list[str]) -> None:
+    subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=10, check=False)
 
 
 def _owner_dir(owner: str) -> str:
@@ -59,14 +74,35 @@ async def start_link(agent: Agent, args: argparse.Namespace, *, host_line: str) 
         adopted["key"] = key_line
         log.info("adopted owner %s (%s) for box %s", owner, key.get_fingerprint(), box.name)
         # Off the event loop: the API call blocks. The claimer waits for this answer.
-        loop.run_in_executor(None, link.annotate, {protocol.ANN_OWNER_ACK: key.get_fingerprint()})
+        loop.run_in_executor(
+            None,
+            link.annotate,
+            {
+                protocol.ANN_OWNER_ACK: key.get_fingerprint(),
+                protocol.ANN_ACK_AT: f"{time.time():.3f}",
+            },
+        )
+
+    def warn(annotations: dict[str, str]) -> None:
+        # The autoscaler's warning reaches the user where they work: their session.
+        release_at = annotations.get(protocol.ANN_RELEASE_AT, "")
+        if not release_at or adopted.get("warned") == release_at:
+            return
+        adopted["warned"] = release_at
+        text = release_warning(
+            agent.box.name, annotations.get(protocol.ANN_RELEASE_REASON, ""), release_at
+        )
+        argv = agent.box.multiplexer.message_argv(agent.box.name, text)
+        if argv is not None:
+            loop.run_in_executor(None, _quiet, argv)
 
     def on_change(labels: dict[str, str], annotations: dict[str, str]) -> None:
         # The watch thread hands changes to the event loop: the agent's state has one owner.
         loop.call_soon_threadsafe(apply, labels, annotations)
+        loop.call_soon_threadsafe(warn, annotations)
 
-    def activity() -> tuple[str, float, int]:
-        return agent.box.name, agent.activity.last_input, agent.activity.clients
+    def activity() -> tuple[str, protocol.Activity]:
+        return agent.box.name, agent.activity.snapshot()
 
     threading.Thread(
         target=link.follow, args=(on_change, stop), daemon=True, name="pod-watch"
