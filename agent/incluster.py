@@ -7,7 +7,6 @@ import argparse
 import asyncio
 import logging
 import os
-import subprocess
 import threading
 import time
 
@@ -17,21 +16,9 @@ from agent.hostkey import fingerprint
 from agent.kube import PodLink, heartbeat_forever
 from agent.server import Agent
 from devbox import protocol
+from devbox.boxes import release_warning
 
 log = logging.getLogger("devbox.agent.incluster")
-
-
-def release_warning(box: str, reason: str, release_at: str) -> str:
-    try:
-        clock = time.strftime("%H:%M:%S", time.localtime(float(release_at)))
-    except ValueError:
-        clock = "soon"
-    why = "has been idle" if reason == "idle" else "reached its maximum lifetime"
-    return f"devbox: box {box} {why}; it will be released at {clock} (`devbox keep {box}` holds it)"
-
-
-def _quiet(argv: list[str]) -> None:
-    subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=10, check=False)
 
 
 def _owner_dir(owner: str) -> str:
@@ -89,12 +76,13 @@ async def start_link(agent: Agent, args: argparse.Namespace, *, host_line: str) 
         if not release_at or adopted.get("warned") == release_at:
             return
         adopted["warned"] = release_at
-        text = release_warning(
-            agent.box.name, annotations.get(protocol.ANN_RELEASE_REASON, ""), release_at
-        )
-        argv = agent.box.multiplexer.message_argv(agent.box.name, text)
-        if argv is not None:
-            loop.run_in_executor(None, _quiet, argv)
+        try:
+            when = float(release_at)
+        except ValueError:
+            return
+        reason = annotations.get(protocol.ANN_RELEASE_REASON, "")
+        text = release_warning(agent.box.name, reason, when)
+        loop.run_in_executor(None, agent.box.multiplexer.tell, agent.box.name, text)
 
     def on_change(labels: dict[str, str], annotations: dict[str, str]) -> None:
         # The watch thread hands changes to the event loop: the agent's state has one owner.

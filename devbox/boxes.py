@@ -182,6 +182,19 @@ class Multiplexer:
             return [self.path, "-L", name, "display-message", text]
         return None
 
+    def tell(self, box: str, text: str) -> None:
+        """Show `text` in the box's attached sessions; nothing when none is attached."""
+        argv = self.message_argv(box, text)
+        if argv is not None:
+            _quiet(argv)
+
+
+def release_warning(box: str, reason: str, release_at: float) -> str:
+    """The autoscaler's warning, as the box's sessions show it."""
+    clock = time.strftime("%H:%M:%S", time.localtime(release_at))
+    why = "has been idle" if reason == "idle" else "reached its maximum lifetime"
+    return f"devbox: box {box} {why}; it will be released at {clock} (`devbox keep {box}` holds it)"
+
 
 def _quiet(argv: list[str]) -> subprocess.CompletedProcess[str]:
     import subprocess  # only when a session is ended: keeps `import devbox.boxes` light

@@ -12,6 +12,10 @@ from typing import Any
 from devbox.errors import UsageError
 
 SIGNALS = ("input", "clients", "gpu", "cpu", "probe", "runs")
+# An attached session nobody types in is not use (it is how GPUs get held overnight), so
+# "clients" is off unless configured; the warning reaches that session, and a key pressed
+# there is input.
+DEFAULT_SIGNALS = ("input", "gpu", "cpu", "probe", "runs")
 CONFIG_MAP = "devbox-autoscaler"  # in the namespace the autoscaler looks after
 CONFIG_KEY = "autoscaler.toml"
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
@@ -47,7 +51,7 @@ class Settings:
     # processes above this CPU figure (percent of one core, the agent left out).
     gpu_util_threshold: float = 5.0
     cpu_threshold: float = 20.0
-    signals: tuple[str, ...] = SIGNALS
+    signals: tuple[str, ...] = DEFAULT_SIGNALS
     interval: float = 10.0  # seconds between reconcile passes
     metrics_port: int = 0  # Prometheus text exposition; 0: off
     metrics_address: str = "127.0.0.1"

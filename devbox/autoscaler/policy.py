@@ -264,7 +264,8 @@ def _one(
     keep_note = f"kept (`devbox keep`) for another {_span(box.keep_until - now)}"
 
     # Health first: a silent agent's activity is stale, so it says nothing about use.
-    silent_since = f.heartbeat_at or box.created_at
+    # A claimed warm pod's agent may have beaten long before the claim: count from there.
+    silent_since = max(f.heartbeat_at, box.created_at)
     silent = now - silent_since
     if silent >= s.unhealthy_after:
         why = f"agent silent for {_span(silent)} (no heartbeat)"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from devbox.autoscaler import policy
-from devbox.autoscaler.config import PoolTarget, Settings
+from devbox.autoscaler.config import SIGNALS, PoolTarget, Settings
 from devbox.autoscaler.loop import Autoscaler, Snapshot
 from devbox.autoscaler.state import State, loads
 from devbox.boxes import Box, BoxSpec, BoxState
@@ -118,14 +118,20 @@ def test_each_signal_alone_keeps_a_box() -> None:
         "probe": act(last_probe=now - 5),
         "input": act(last_input=now - 5),
     }
+    every = dataclasses.replace(S, signals=SIGNALS)
     for name, a in cases.items():
-        d = decide([facts(box(), a, now)], now)
+        d = decide([facts(box(), a, now)], now, s=every)
         assert d.actions == () and d.verdicts[0].status == "busy", name
         (sig,) = [s for s in d.verdicts[0].signals if s.name == name]
         assert sig.active_now or sig.last_active >= now - 5
     # Below the thresholds is quiet.
     quiet = act(gpu_util=4.0, cpu=10.0)
     assert kinds(decide([facts(box(), quiet, now)], now)) == ["Warn"]
+
+
+def test_an_idle_open_session_is_not_use_by_default() -> None:
+    now = T0 + 5000
+    assert kinds(decide([facts(box(), act(clients=2), now)], now)) == ["Warn"]
 
 
 def test_a_disabled_signal_does_not_count() -> None:
@@ -171,7 +177,7 @@ def test_keep_holds_until_its_time_then_the_box_is_warned() -> None:
 
 def test_maximum_lifetime_warns_then_releases_even_a_busy_box() -> None:
     s = dataclasses.replace(S, max_lifetime=1000)
-    busy = act(clients=2)
+    busy = act(gpu_util=80.0)
     (warn,) = decide([facts(box(), busy, T0 + 945)], T0 + 945, s=s).actions
     assert isinstance(warn, policy.Warn) and warn.reason == "lifetime"
     assert warn.release_at == T0 + 1005
@@ -184,18 +190,18 @@ def test_maximum_lifetime_warns_then_releases_even_a_busy_box() -> None:
 def test_silent_agent_is_marked_then_released_after_a_longer_grace() -> None:
     b = box()
     now = T0 + 1000
-    d = decide([facts(b, act(clients=1), now - 20)], now)
+    d = decide([facts(b, act(runs=1), now - 20)], now)
     assert d.actions == ()
-    d = decide([facts(b, act(clients=1), now - 40)], now)
+    d = decide([facts(b, act(runs=1), now - 40)], now)
     (mark,) = d.actions
     assert isinstance(mark, policy.MarkUnhealthy) and mark.since == now - 40
     assert d.verdicts[0].status == "unhealthy"
     marked = dataclasses.replace(b, unhealthy_since=now - 40)
-    assert decide([facts(marked, act(clients=1), now - 299)], now).actions == ()
-    (release,) = decide([facts(marked, act(clients=1), now - 301)], now).actions
+    assert decide([facts(marked, act(runs=1), now - 299)], now).actions == ()
+    (release,) = decide([facts(marked, act(runs=1), now - 301)], now).actions
     assert isinstance(release, policy.Release) and release.reason == "unhealthy"
     # Heartbeats again: the mark goes.
-    back = decide([facts(marked, act(clients=1), now - 1)], now)
+    back = decide([facts(marked, act(runs=1), now - 1)], now)
     assert kinds(back) == ["MarkHealthy"] and back.verdicts[0].status == "busy"
     # An agent that never reported counts from the claim.
     never = decide([facts(b, None, 0.0)], T0 + 31)
