@@ -89,7 +89,7 @@ class Autoscaler:
             log.info("%s", _describe(action))
             if isinstance(action, policy.Release):
                 self.state.record(
-                    Released(action.box, action.owner, now, action.reason, action.why)
+                    Released(action.box, action.owner, now, action.reason, action.why, action.key)
                 )
         text = self.state.dumps()
         if text != self._saved:

@@ -36,7 +36,8 @@ class Inspectable(World, Protocol):
         ...
 
     def history(self, facts: policy.BoxFacts | None, name: str) -> list[str]:
-        """What the autoscaler recorded about the box (events), oldest first."""
+        """What the autoscaler recorded about the box (events), oldest first; `name` is
+        the released box's key when it is gone."""
         ...
 
 
@@ -135,7 +136,7 @@ def explain(args: argparse.Namespace, backend: Backend) -> int:
     now = time.time()
     if facts is None:
         released = state.last_release(args.name)
-        lines = world.history(None, args.name)
+        lines = world.history(None, released.key if released else args.name)
         if released is None and not lines:
             raise UsageError(f"no box named {args.name!r}, and none released lately")
         if args.json:

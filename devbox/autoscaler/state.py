@@ -25,6 +25,7 @@ class Released:
     at: float
     reason: str
     why: str
+    key: str = ""  # the pod (or local box) it was
 
 
 @dataclass

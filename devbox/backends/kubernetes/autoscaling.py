@@ -289,7 +289,7 @@ class KubeWorld:
 
     def history(self, facts: policy.BoxFacts | None, name: str) -> list[str]:
         c = self.cluster
-        pod = facts.key if facts is not None else f"devbox-{name}"[:63].rstrip("-")
+        pod = facts.key if facts is not None else name
         try:
             events = c.core.list_namespaced_event(
                 c.namespace, field_selector=f"involvedObject.name={pod}"
