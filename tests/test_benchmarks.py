@@ -75,3 +75,14 @@ def test_tui_benchmark() -> None:
         assert tui["key_latency_ms"][key] >= tui["key_handled_ms"][key] >= 0
     assert tui["key_latency_ms"]["n"] > 0 and tui["frames_per_s"] > 0
     assert result["tui_over_floor"] is None or result["tui_over_floor"] > 0
+
+
+def test_autoscaler_benchmark() -> None:
+    result = _run("bench_autoscaler.py", "--boxes", "10,20", "--passes", "2")
+    assert result["benchmark"] == "autoscaler" and set(result["runs"]) == {"10", "20"}
+    for size, run in result["runs"].items():
+        assert run["boxes"] == int(size) and run["pass_s"]["n"] == 2
+        # Polling each box costs a pod and a Lease read per box; a pass reads none.
+        assert run["peer_poll_each_box_requests"] == 2 * int(size) + 1
+        assert all(r <= 1 for r in run["requests_per_pass"])
+    assert result["constant_requests"] is True
