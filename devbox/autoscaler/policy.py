@@ -10,8 +10,8 @@ seen active (`Memory`, which it persists: a restart forgets nothing).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
 
 from devbox.autoscaler.config import Settings
 from devbox.boxes import Box, BoxState
@@ -25,7 +25,7 @@ _NOW_SIGNALS = ("clients", "gpu", "cpu", "runs")
 Memory = dict[str, dict[str, float]]  # box key -> signal -> when last seen active
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class BoxFacts:
     """One box as the loop found it: its record, its agent's newest report and when that
     report was made (0: never)."""
@@ -36,7 +36,7 @@ class BoxFacts:
     heartbeat_at: float = 0.0
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Signal:
     name: str
     last_active: float  # 0: never seen active
@@ -44,7 +44,7 @@ class Signal:
     detail: str  # "3 clients attached", "GPU 2% (threshold 5%)"
 
 
-@dataclass(frozen=True, kw_only=True)
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class Verdict:
     """Why a box is alive (or is going): what `devbox explain` and the logs say."""
 
@@ -58,7 +58,7 @@ class Verdict:
     gpus: int = 0
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Warn:
     key: str
     box: str
@@ -68,7 +68,7 @@ class Warn:
     why: str
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Unwarn:
     key: str
     box: str
@@ -76,7 +76,7 @@ class Unwarn:
     why: str
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Release:
     key: str
     box: str
@@ -85,7 +85,7 @@ class Release:
     why: str
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class MarkUnhealthy:
     key: str
     box: str
@@ -94,7 +94,7 @@ class MarkUnhealthy:
     why: str
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class MarkHealthy:
     key: str
     box: str
@@ -102,7 +102,7 @@ class MarkHealthy:
     why: str
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class CreateWarm:
     profile: str
     gpus: int
@@ -112,7 +112,7 @@ class CreateWarm:
 Action = Warn | Unwarn | Release | MarkUnhealthy | MarkHealthy | CreateWarm
 
 
-@dataclass(frozen=True)
+@dataclasses.dataclass(frozen=True)
 class Decision:
     actions: tuple[Action, ...]
     verdicts: tuple[Verdict, ...]
@@ -211,7 +211,7 @@ def decide(
             verdicts.append(verdict)
         else:
             verdicts.append(
-                _replace(
+                dataclasses.replace(
                     verdict,
                     status="deferred",
                     why=f"{verdict.why}; waits: at most {settings.max_releases_per_pass} "
@@ -223,19 +223,6 @@ def decide(
         if have < target.size:
             actions.append(CreateWarm(target.profile, target.gpus, target.size - have))
     return Decision(tuple(actions), tuple(verdicts))
-
-
-def _replace(v: Verdict, *, status: str, why: str) -> Verdict:
-    return Verdict(
-        key=v.key,
-        box=v.box,
-        owner=v.owner,
-        status=status,
-        why=why,
-        signals=v.signals,
-        idle_since=v.idle_since,
-        gpus=v.gpus,
-    )
 
 
 def _one(

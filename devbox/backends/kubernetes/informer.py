@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
-import urllib3
-from kubernetes import watch as k8s_watch
 from kubernetes.client.exceptions import ApiException
 
+from devbox.backends.kubernetes import api
+from devbox.backends.kubernetes.watching import LISTED, list_then_watch
 from devbox.errors import DevboxError
 
 log = logging.getLogger("devbox.autoscaler.informer")
@@ -21,8 +20,7 @@ log = logging.getLogger("devbox.autoscaler.informer")
 class Informer:
     """Objects of `list_call` in `namespace` matching `selector`, kept current by a watch.
 
-    Every way a watch can end (its timeout, 410 Gone, the API server restarting) leads to
-    the same recovery as backends/kubernetes/watching.py: list again, watch from there."""
+    The watch resumes after whatever ends it (watching.list_then_watch)."""
 
     def __init__(
         self, what: str, list_call: Callable[..., Any], *, namespace: str, selector: str
@@ -50,49 +48,33 @@ class Informer:
             raise DevboxError(f"could not list {self.what}: {self.problem or 'no answer'}")
 
     def _run(self, stop: threading.Event) -> None:
-        backoff = 0.2
+        def problem(text: str) -> None:
+            self.problem = text
+            log.warning("watching %s: %s; relisting", self.what, text)
+
         while not stop.is_set():
             try:
-                listing = self._list(self._namespace, label_selector=self._selector)
-                with self._lock:
-                    self._items = {x.metadata.name: x for x in listing.items}
-                self.synced.set()
-                self.problem, backoff = None, 0.2
-                stream = k8s_watch.Watch().stream(
-                    self._list,
-                    self._namespace,
-                    label_selector=self._selector,
-                    resource_version=listing.metadata.resource_version,
+                for kind, payload in list_then_watch(
+                    lambda: (self._list, self._namespace),
+                    self._selector,
+                    stop,
                     timeout_seconds=60,
-                    allow_watch_bookmarks=True,
-                )
-                for event in stream:
-                    if stop.is_set():
-                        return
-                    kind = event["type"]
-                    if kind == "ERROR":  # 410 Gone arrives as an event: relist
-                        break
-                    if kind == "BOOKMARK":
-                        continue
-                    obj = event["object"]
+                    on_problem=problem,
+                ):
                     with self._lock:
-                        if kind == "DELETED":
-                            self._items.pop(obj.metadata.name, None)
+                        if kind == LISTED:
+                            self._items = {x.metadata.name: x for x in payload}
+                        elif kind == "DELETED":
+                            self._items.pop(payload.metadata.name, None)
                         else:
-                            self._items[obj.metadata.name] = obj
-            except ApiException as exc:
-                self.problem = f"API error {exc.status}: {exc.reason}"
-                if exc.status != 410:
-                    log.warning("watching %s: %s; relisting", self.what, self.problem)
-                    stop.wait(backoff)
-                    backoff = min(backoff * 2, 5.0)
-            except (urllib3.exceptions.HTTPError, OSError) as exc:
-                self.problem = f"cannot reach the API server ({type(exc).__name__})"
-                log.warning("watching %s: %s; retrying", self.what, self.problem)
-                stop.wait(backoff)
-                backoff = min(backoff * 2, 5.0)
+                            self._items[payload.metadata.name] = payload
+                    if kind == LISTED:
+                        self.problem = None
+                        self.synced.set()
+            except ApiException as exc:  # 401/403: the autoscaler's RBAC is wrong
+                problem(f"forbidden or unauthorised ({exc.status}): {api.reason(exc)}")
+                stop.wait(5.0)
             except Exception:  # a bug must be seen, and must not end the cache for good
                 self.problem = "unexpected error (see the log)"
                 log.exception("watching %s failed; relisting", self.what)
                 stop.wait(1.0)
-            time.sleep(0)  # let a stop land between rounds
