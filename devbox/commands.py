@@ -112,7 +112,7 @@ def ls(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([b.to_json() for b in boxes]))
     else:
-        rows = [("NAME", "BACKEND", "STATE", "GPUS", "AGE", "IDLE", "KEPT", "RELEASE")]
+        rows = [("NAME", "BACKEND", "STATE", "GPUS", "AGE", "IDLE", "RELEASE", "KEPT")]
         for b in boxes:
             rows.append(
                 (
@@ -122,8 +122,8 @@ def ls(args: argparse.Namespace) -> int:
                     str(b.spec.gpus),
                     statsview.age(now - b.created_at),
                     statsview.age(b.idle_seconds(now)),
-                    statsview.age(b.kept_for(now)),
                     _release_cell(b, now),
+                    statsview.age(b.kept_for(now)),
                 )
             )
         _table(rows)

@@ -188,6 +188,9 @@ def test_autoscaler_on_the_real_control_plane(kube: KubeUser, tmp_path: Path) ->
             "the pool refilled", lambda: len(k.ready_warm()) == 2 and set(k.ready_warm())
         )
         assert not refilled & first_pool
+        # At the low priority (images/k8s/cluster.yaml), so real work preempts them.
+        spec = k.pod(sorted(refilled)[0])["spec"]  # type: ignore[index]
+        assert spec["priorityClassName"] == "devbox-warm" and spec["priority"] == -10
         kube.devbox("keep", "kept", "--for", "50s", check=True)
         kube.devbox("ssh", "idle", "--", "echo kept-home > notes.txt", check=True)
         pods = {name: k.pod(box["extra"]["pod"]) for name, box in boxes.items()}
@@ -216,7 +219,7 @@ def test_autoscaler_on_the_real_control_plane(kube: KubeUser, tmp_path: Path) ->
             for line in kube.devbox("ls", check=True).stdout.decode().splitlines()
             if line.startswith("idle ")
         )
-        assert row.split()[-2] == "in", row
+        assert row.split()[-3] == "in" and row.split()[-1] == "-", row
 
         # Restart mid-way: the recorded warning stands; nothing is warned or released twice.
         procs[0].send_signal(signal.SIGKILL)
@@ -238,7 +241,7 @@ def test_autoscaler_on_the_real_control_plane(kube: KubeUser, tmp_path: Path) ->
         )
         listing = kube.devbox("ls", check=True)
         row = next(ln for ln in listing.stdout.decode().splitlines() if ln.startswith("silent "))
-        assert row.split()[-1] == "unhealthy" and b"agent silent for" in listing.stderr
+        assert row.split()[-2] == "unhealthy" and b"agent silent for" in listing.stderr
         assert "DevboxAgentSilent" in k.events(silent_pod)
         assert k.pod(silent_pod) is not None
 
