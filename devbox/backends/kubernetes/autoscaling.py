@@ -22,7 +22,7 @@ from devbox.autoscaler.state import STATE_CONFIG_MAP, STATE_KEY, State, loads
 from devbox.backends.kubernetes import KubernetesBackend, api, pods
 from devbox.backends.kubernetes.informer import Informer
 from devbox.boxes import BoxSpec
-from devbox.errors import UsageError
+from devbox.errors import DevboxError, UsageError
 
 log = logging.getLogger("devbox.autoscaler")
 SYNC_TIMEOUT = 60.0
@@ -72,6 +72,10 @@ class KubeWorld:
 
     def snapshot(self) -> Snapshot:
         pod_cache, lease_cache = self._informers()
+        for cache in (pod_cache, lease_cache):
+            if cache.problem is not None:
+                # No decision on a view that may be stale: this pass fails, the next retries.
+                raise DevboxError(f"the {cache.what} watch is interrupted: {cache.problem}")
         leases = {lease.metadata.name: lease for lease in lease_cache.items()}
         facts: list[policy.BoxFacts] = []
         warm: dict[tuple[str, int], int] = {}
