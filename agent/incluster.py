@@ -8,6 +8,7 @@ import asyncio
 import logging
 import os
 import threading
+import time
 
 import asyncssh
 
@@ -15,6 +16,7 @@ from agent.hostkey import fingerprint
 from agent.kube import PodLink, heartbeat_forever
 from agent.server import Agent
 from devbox import protocol
+from devbox.boxes import release_warning
 
 log = logging.getLogger("devbox.agent.incluster")
 
@@ -59,14 +61,36 @@ async def start_link(agent: Agent, args: argparse.Namespace, *, host_line: str) 
         adopted["key"] = key_line
         log.info("adopted owner %s (%s) for box %s", owner, key.get_fingerprint(), box.name)
         # Off the event loop: the API call blocks. The claimer waits for this answer.
-        loop.run_in_executor(None, link.annotate, {protocol.ANN_OWNER_ACK: key.get_fingerprint()})
+        loop.run_in_executor(
+            None,
+            link.annotate,
+            {
+                protocol.ANN_OWNER_ACK: key.get_fingerprint(),
+                protocol.ANN_ACK_AT: f"{time.time():.3f}",
+            },
+        )
+
+    def warn(annotations: dict[str, str]) -> None:
+        # The autoscaler's warning reaches the user where they work: their session.
+        release_at = annotations.get(protocol.ANN_RELEASE_AT, "")
+        if not release_at or adopted.get("warned") == release_at:
+            return
+        adopted["warned"] = release_at
+        try:
+            when = float(release_at)
+        except ValueError:
+            return
+        reason = annotations.get(protocol.ANN_RELEASE_REASON, "")
+        text = release_warning(agent.box.name, reason, when)
+        loop.run_in_executor(None, agent.box.multiplexer.tell, agent.box.name, text)
 
     def on_change(labels: dict[str, str], annotations: dict[str, str]) -> None:
         # The watch thread hands changes to the event loop: the agent's state has one owner.
         loop.call_soon_threadsafe(apply, labels, annotations)
+        loop.call_soon_threadsafe(warn, annotations)
 
-    def activity() -> tuple[str, float, int]:
-        return agent.box.name, agent.activity.last_input, agent.activity.clients
+    def activity() -> tuple[str, protocol.Activity]:
+        return agent.box.name, agent.activity.snapshot()
 
     threading.Thread(
         target=link.follow, args=(on_change, stop), daemon=True, name="pod-watch"

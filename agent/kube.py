@@ -85,16 +85,13 @@ class PodLink:
                 log.warning("pod watch failed (%s); resuming", exc)
                 stop.wait(1.0)
 
-    def heartbeat(self, *, box: str, last_input: float, clients: int) -> None:
+    def heartbeat(self, *, box: str, activity: protocol.Activity) -> None:
         now = datetime.datetime.now(datetime.UTC)
         body: dict[str, Any] = {
             "metadata": {
                 "name": self.pod,
                 "labels": {protocol.LABEL_MANAGED: "devbox", protocol.LABEL_BOX: box},
-                "annotations": {
-                    protocol.ANN_LAST_INPUT: f"{last_input:.3f}",
-                    protocol.ANN_CLIENTS: str(clients),
-                },
+                "annotations": protocol.activity_annotations(activity),
                 # The garbage collector deletes the Lease with its pod.
                 "ownerReferences": [
                     {"apiVersion": "v1", "kind": "Pod", "name": self.pod, "uid": self._uid}
@@ -118,14 +115,14 @@ class PodLink:
 
 def heartbeat_forever(
     link: PodLink,
-    read: Callable[[], tuple[str, float, int]],
+    read: Callable[[], tuple[str, protocol.Activity]],
     stop: threading.Event,
     interval: float,
 ) -> None:
     while not stop.is_set():
-        box, last_input, clients = read()
+        box, activity = read()
         try:
-            link.heartbeat(box=box, last_input=last_input, clients=clients)
+            link.heartbeat(box=box, activity=activity)
         except Exception as exc:  # a missed beat is reported, never fatal
             log.warning("lease heartbeat failed: %s", exc)
         stop.wait(interval)

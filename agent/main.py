@@ -213,7 +213,9 @@ async def _serve(
             warn_without_multiplexer=args.multiplexer != "none",
         )
     )
-    agent.telemetry = _telemetry(args, gpu_uuids, activity=agent.activity.snapshot)
+    agent.telemetry = _telemetry(
+        args, gpu_uuids, activity=agent.activity.snapshot, on_sample=agent.activity.observe
+    )
     # Telemetry starts a moment late: the first SSH connection after `devbox up` comes first.
     sampler = asyncio.create_task(agent.telemetry.run(delay=0.5))
     from agent import runs
@@ -251,6 +253,7 @@ def _telemetry(
     gpu_uuids: list[str],
     *,
     activity: Callable[[], protocol.Activity],
+    on_sample: Callable[[protocol.Sample], None] | None = None,
 ) -> Telemetry:
     from agent.sampling import BoxSources
     from agent.telemetry import Telemetry
@@ -260,6 +263,7 @@ def _telemetry(
         box=args.name,
         base_rate=args.telemetry_rate,
         activity=activity,
+        on_sample=on_sample,
         open_sources=lambda: BoxSources(
             # In a pod the device plugin chose what the container sees: all of it is ours.
             gpu_uuids=None if args.pod else gpu_uuids,

@@ -4,6 +4,7 @@ persistent session, exec, SFTP, and port forwarding."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import logging
@@ -77,6 +78,11 @@ class Activity:
     last_probe: float = 0.0
     # `devbox run` experiments still running in the box.
     runs: int = 0
+    # (time, mean GPU util, CPU of the box's processes) per telemetry sample, newest last:
+    # the autoscaler reads the peak over protocol.ACTIVITY_WINDOW.
+    _load: collections.deque[tuple[float, float | None, float | None]] = field(
+        default_factory=lambda: collections.deque(maxlen=4096)
+    )
     _written: float = 0.0
 
     def input(self) -> None:
@@ -92,13 +98,40 @@ class Activity:
             self.runs = count
             self._maybe_write(force=True)
 
+    def observe(self, sample: protocol.Sample) -> None:
+        """Note a telemetry sample's load figures (the sampler already took them)."""
+        utils = [g["util"] for g in sample["gpus"] if g["util"] is not None]
+        me = os.getpid()
+        cpus = [p["cpu"] for p in sample["processes"] if p["pid"] != me and p["cpu"] is not None]
+        t = sample["t"]
+        self._load.append(
+            (
+                t,
+                sum(utils) / len(utils) if utils else None,
+                sum(cpus) if cpus else (0.0 if sample["processes"] else None),
+            )
+        )
+        while self._load[0][0] < t - protocol.ACTIVITY_WINDOW:
+            self._load.popleft()
+        # Rewritten at most once a second: its age is also the local box's heartbeat.
+        self._maybe_write()
+
+    def _peaks(self) -> tuple[float | None, float | None]:
+        load = list(self._load)
+        gpus = [g for _, g, _ in load if g is not None]
+        cpus = [c for _, _, c in load if c is not None]
+        return (max(gpus) if gpus else None), (max(cpus) if cpus else None)
+
     def snapshot(self) -> protocol.Activity:
         # Read from the telemetry thread: plain attribute reads, no lock needed.
+        gpu_util, cpu = self._peaks()
         return {
             "clients": self.clients,
             "last_input": self.last_input,
             "last_probe": self.last_probe,
             "runs": self.runs,
+            "gpu_util": gpu_util,
+            "cpu": cpu,
         }
 
     def client(self, delta: int) -> None:

@@ -104,9 +104,11 @@ class Telemetry:
         base_rate: float = 1.0,
         history_seconds: int = protocol.HISTORY_SECONDS,
         activity: Callable[[], protocol.Activity] | None = None,
+        on_sample: Callable[[Sample], None] | None = None,
     ) -> None:
         self.box = box
         self._activity = activity
+        self._on_sample = on_sample  # called on the event loop, with each new sample
         self._open_sources = open_sources
         self._base_rate = base_rate
         self._subs: set[Subscription] = set()
@@ -199,6 +201,8 @@ class Telemetry:
 
     def _publish(self, sample: Sample, line: bytes) -> None:
         self._latest_line = line
+        if self._on_sample is not None:
+            self._on_sample(sample)
         now = time.monotonic()
         if now - self._history_t >= 0.95 / self._base_rate:
             self._history_t = now

@@ -7,6 +7,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from devbox.statsview import age
+
 if TYPE_CHECKING:
     import subprocess
 
@@ -48,7 +50,26 @@ class Box:
     reason: str = ""
     # Wall-clock time until which `devbox keep` holds the box against idle release; 0: not kept.
     keep_until: float = 0.0
+    # The autoscaler's recorded decisions: when it will release the box unless it is used
+    # (0: no warning), why ("idle" or "lifetime"), and since when its agent has been
+    # silent (0: healthy).
+    release_at: float = 0.0
+    release_reason: str = ""
+    unhealthy_since: float = 0.0
     extra: dict[str, str] = field(default_factory=dict)
+
+    def autoscaler_note(self, now: float) -> str:
+        """What the autoscaler has said about the box, for `devbox ls` and the TUI."""
+        parts = []
+        if self.release_at:
+            left = max(0.0, self.release_at - now)
+            why = "idle" if self.release_reason == "idle" else "at its maximum lifetime"
+            parts.append(
+                f"{why}: released in {age(left)} unless used (or `devbox keep {self.name}`)"
+            )
+        if self.unhealthy_since:
+            parts.append(f"unhealthy: agent silent for {age(now - self.unhealthy_since)}")
+        return "; ".join(parts)
 
     def kept_for(self, now: float) -> float | None:
         """Seconds `devbox keep` still holds the box; None when it is not kept."""
@@ -84,6 +105,9 @@ class Box:
             last_activity=float(data.get("last_activity", 0.0)),
             reason=str(data.get("reason", "")),
             keep_until=float(data.get("keep_until", 0.0)),
+            release_at=float(data.get("release_at", 0.0)),
+            release_reason=str(data.get("release_reason", "")),
+            unhealthy_since=float(data.get("unhealthy_since", 0.0)),
             extra={str(k): str(v) for k, v in dict(data.get("extra", {})).items()},
         )
 
@@ -157,6 +181,19 @@ class Multiplexer:
         if self.kind == "tmux":
             return [self.path, "-L", name, "display-message", text]
         return None
+
+    def tell(self, box: str, text: str) -> None:
+        """Show `text` in the box's attached sessions; nothing when none is attached."""
+        argv = self.message_argv(box, text)
+        if argv is not None:
+            _quiet(argv)
+
+
+def release_warning(box: str, reason: str, release_at: float) -> str:
+    """The autoscaler's warning, as the box's sessions show it."""
+    clock = time.strftime("%H:%M:%S", time.localtime(release_at))
+    why = "has been idle" if reason == "idle" else "reached its maximum lifetime"
+    return f"devbox: box {box} {why}; it will be released at {clock} (`devbox keep {box}` holds it)"
 
 
 def _quiet(argv: list[str]) -> subprocess.CompletedProcess[str]:

@@ -10,6 +10,7 @@ import argparse
 import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import NoReturn
 
 from devbox import __version__
@@ -162,6 +163,23 @@ def build_parser() -> argparse.ArgumentParser:
     pls.add_argument("--json", action="store_true")
 
     _add_run_commands(sub, backend)
+    scaler = sub.add_parser(
+        "autoscaler", parents=[backend], help="release idle boxes (warning first), keep warm pools"
+    )
+    scaler.add_argument(
+        "--config",
+        type=Path,
+        help="settings file (default: the ConfigMap devbox-autoscaler on kubernetes, "
+        "~/.config/devbox/autoscaler.toml locally)",
+    )
+    scaler.add_argument("--once", action="store_true", help="one reconcile pass, then exit")
+    explain = sub.add_parser(
+        "explain", parents=[backend], help="why the autoscaler keeps a box, or released it"
+    )
+    explain.add_argument("name")
+    explain.add_argument("--config", type=Path, help="settings file, as for `devbox autoscaler`")
+    explain.add_argument("--json", action="store_true", help="the verdict as JSON")
+
     sub.add_parser("agent", help="run a box's agent (used by the backends)", add_help=False)
     return parser
 

@@ -112,7 +112,7 @@ def ls(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([b.to_json() for b in boxes]))
     else:
-        rows = [("NAME", "BACKEND", "STATE", "GPUS", "AGE", "IDLE", "KEPT")]
+        rows = [("NAME", "BACKEND", "STATE", "GPUS", "AGE", "IDLE", "RELEASE", "KEPT")]
         for b in boxes:
             rows.append(
                 (
@@ -122,6 +122,7 @@ def ls(args: argparse.Namespace) -> int:
                     str(b.spec.gpus),
                     statsview.age(now - b.created_at),
                     statsview.age(b.idle_seconds(now)),
+                    _release_cell(b, now),
                     statsview.age(b.kept_for(now)),
                 )
             )
@@ -129,10 +130,20 @@ def ls(args: argparse.Namespace) -> int:
         for b in boxes:
             if b.reason:
                 print(f"{b.name}: {b.reason}", file=sys.stderr)
+            note = b.autoscaler_note(now)
+            if note:
+                print(f"{b.name}: {note}", file=sys.stderr)
     problems = backend.problems()
     for problem in problems:
         print(f"devbox: error: {problem}", file=sys.stderr)
     return EXIT_FAILURE if problems else 0
+
+
+def _release_cell(box: Box, now: float) -> str:
+    """The autoscaler's word on the box: when it goes unless used, or that it is unhealthy."""
+    if box.release_at:
+        return "in " + statsview.age(max(0.0, box.release_at - now))
+    return "unhealthy" if box.unhealthy_since else "-"
 
 
 def down(args: argparse.Namespace) -> int:
@@ -288,8 +299,24 @@ def _table(rows: Sequence[tuple[str, ...]]) -> None:
         print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
 
 
+def autoscaler(args: argparse.Namespace) -> int:
+    from devbox.autoscaler import service
+
+    return service.run(args, backend_for(args))
+
+
+def explain(args: argparse.Namespace) -> int:
+    from devbox.autoscaler import service
+
+    if args.name is not None:
+        validate_name(args.name)
+    return service.explain(args, backend_for(args))
+
+
 def dispatch(args: argparse.Namespace) -> int:
     handlers = {
+        "autoscaler": autoscaler,
+        "explain": explain,
         "pool": pool,
         "up": up,
         "ls": ls,

@@ -133,6 +133,15 @@ class Activity(TypedDict):
     last_input: float  # unix time of the last keystroke or stdin byte a user sent
     last_probe: NotRequired[float]  # unix time of the last devbox.probe batch; 0 = never
     runs: NotRequired[int]  # `devbox run` experiments still running
+    # The busiest the box's GPUs (mean utilisation, percent) and processes (CPU, percent
+    # of one core, the agent itself left out) were over the last ACTIVITY_WINDOW seconds of
+    # telemetry; None when unknown. A peak, so a reader that looks every few seconds does
+    # not miss a training loop's bursts.
+    gpu_util: NotRequired[float | None]
+    cpu: NotRequired[float | None]
+
+
+ACTIVITY_WINDOW = 15.0
 
 
 class Sample(TypedDict):
@@ -158,7 +167,54 @@ ANN_OWNER_ACK = "devbox.io/owner-ack"  # written by the agent: fingerprint of th
 ANN_LAST_INPUT = "devbox.io/last-input"  # on the box's Lease: activity, as unix seconds
 ANN_CLIENTS = "devbox.io/clients"
 ANN_KEEP_UNTIL = "devbox.io/keep-until"  # written by `devbox keep`: unix seconds
+# On the box's Lease, with ANN_LAST_INPUT and ANN_CLIENTS: the rest of its Activity.
+ANN_LAST_PROBE = "devbox.io/last-probe"
+ANN_RUNS = "devbox.io/runs"
+ANN_GPU_UTIL = "devbox.io/gpu-util"  # absent when the box reports no GPU figure
+ANN_CPU = "devbox.io/cpu"
+# Written by the autoscaler on the pod (its decisions must outlive it): when it will
+# release the box unless it is used (unix seconds), why ("idle" or "lifetime"), and since
+# when the agent has been silent. The agent shows a new release-at in the session.
+ANN_RELEASE_AT = "devbox.io/release-at"
+ANN_RELEASE_REASON = "devbox.io/release-reason"
+ANN_UNHEALTHY_SINCE = "devbox.io/unhealthy-since"
+ANN_CLAIMED_AT = "devbox.io/claimed-at"  # written by the claimer: unix seconds
+ANN_ACK_AT = "devbox.io/owner-ack-at"  # written by the agent with ANN_OWNER_ACK
 SSH_PORT = 2222  # the agent's port inside a pod; reached only through port-forward
+
+
+def activity_annotations(activity: Activity) -> dict[str, str]:
+    """The Lease annotations that carry a box's activity (the agent writes them)."""
+    out = {
+        ANN_LAST_INPUT: f"{activity['last_input']:.3f}",
+        ANN_CLIENTS: str(activity["clients"]),
+        ANN_LAST_PROBE: f"{activity.get('last_probe', 0.0):.3f}",
+        ANN_RUNS: str(activity.get("runs", 0)),
+    }
+    for key, name in ((ANN_GPU_UTIL, "gpu_util"), (ANN_CPU, "cpu")):
+        value = activity.get(name)
+        if isinstance(value, int | float):
+            out[key] = f"{value:.1f}"
+    return out
+
+
+def activity_from_annotations(ann: dict[str, str]) -> Activity | None:
+    """Inverse of activity_annotations; None when the agent has not reported (or a value
+    was edited into something that is not a number)."""
+    if ANN_LAST_INPUT not in ann:
+        return None
+    try:
+        activity: Activity = {
+            "last_input": float(ann[ANN_LAST_INPUT]),
+            "clients": int(ann.get(ANN_CLIENTS, "0")),
+            "last_probe": float(ann.get(ANN_LAST_PROBE, "0")),
+            "runs": int(ann.get(ANN_RUNS, "0")),
+            "gpu_util": float(ann[ANN_GPU_UTIL]) if ANN_GPU_UTIL in ann else None,
+            "cpu": float(ann[ANN_CPU]) if ANN_CPU in ann else None,
+        }
+    except ValueError:
+        return None
+    return activity
 
 
 def fingerprint(public_line: str) -> str:

@@ -90,3 +90,14 @@ def test_run_benchmark() -> None:
     ):
         assert result[key]["n"] == 1 and result[key]["median"] > 0
     assert result["run_no_sync_over_ssh"] > 0 and result["resync_over_plain_rsync"] > 0
+
+
+def test_autoscaler_benchmark() -> None:
+    result = _run("bench_autoscaler.py", "--boxes", "10,20", "--passes", "2")
+    assert result["benchmark"] == "autoscaler" and set(result["runs"]) == {"10", "20"}
+    for size, run in result["runs"].items():
+        assert run["boxes"] == int(size) and run["pass_s"]["n"] == 2
+        # Polling each box costs a pod and a Lease read per box; a pass reads none.
+        assert run["peer_poll_each_box_requests"] == 2 * int(size) + 1
+        assert all(r <= 1 for r in run["requests_per_pass"])
+    assert result["constant_requests"] is True

@@ -35,7 +35,9 @@ from tests import nvml_sim
 log = logging.getLogger("podrunner")
 REPO = Path(__file__).resolve().parents[2]
 STORAGE_CLASS = "devbox-sim"
-SELECTOR = "app.kubernetes.io/managed-by=devbox"
+# Pods labelled devbox.io/no-agent get no agent: benchmarks/bench_autoscaler.py makes a
+# thousand box pods, and a thousand real agents would not fit on the machine.
+SELECTOR = "app.kubernetes.io/managed-by=devbox,!devbox.io/no-agent"
 SSH_PORT = 2222
 POLL = 0.1
 

@@ -239,3 +239,35 @@ async def test_a_reconnect_uses_the_boxs_newest_record() -> None:
         await until(lambda: app.store.views["box-00"].link.startswith("lost:"))
         feed.box_list = [dataclasses.replace(feed.box_list[0], port=2)]  # the agent moved
         await until(lambda: app.store.views["box-00"].link == "live", timeout=10)
+
+
+async def test_the_autoscalers_warning_and_health_mark_show() -> None:
+    import dataclasses
+
+    feed = SyntheticFeed(3, 1)
+    feed.box_list[1] = dataclasses.replace(
+        feed.box_list[1], release_at=T0 + 240, release_reason="idle"
+    )
+    feed.box_list[2] = dataclasses.replace(feed.box_list[2], unhealthy_since=T0 - 300)
+    app = app_for(feed)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(lambda: len(boxes_screen(app).shown) == 3)
+        assert [cell(app, f"box-0{i}", "STATE") for i in range(3)] == [
+            "running",
+            "warned",
+            "unhealthy",
+        ]
+        await pilot.press("j")
+        await until(
+            lambda: "released in 4m" in str(app.screen.query_one("#detail", Static).render())
+        )
+        detail = str(app.screen.query_one("#detail", Static).render())
+        assert "idle: released in 4m unless used (or `devbox keep box-01`)" in detail
+        await pilot.press("enter")
+        assert isinstance(app.screen, BoxScreen)
+        summary = app.screen.query_one("#summary", Static)
+        await until(lambda: "released in 4m" in str(summary.render()))
+        await pilot.press("escape", "j", "enter")
+        assert isinstance(app.screen, BoxScreen) and app.screen.box_name == "box-02"
+        summary = app.screen.query_one("#summary", Static)
+        await until(lambda: "unhealthy: agent silent for 5m" in str(summary.render()))

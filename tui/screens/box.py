@@ -154,6 +154,9 @@ class BoxScreen(AppScreen):
             parts.append(f"sessions: {activity['clients']} attached, last input {age(idle)} ago")
         if box.reason:
             parts.append(box.reason)
+        note = box.autoscaler_note(self.devbox.clock())
+        if note:
+            parts.append(f"[b]{note}[/b]")
         self.query_one("#summary", Static).update("  ".join(parts))
 
     def _processes(self, view: BoxView) -> None:

@@ -40,6 +40,11 @@ def row(view: BoxView, now: float) -> tuple[str, ...]:
         utils = [g["util"] for g in sample["gpus"] if g["util"] is not None]
         util = sum(utils) / len(utils) if utils else None
     state = box.state.value if view.link == "live" or box.state.value != "running" else view.link
+    # The autoscaler's word outranks the link: a user must see it in the table.
+    if box.unhealthy_since:
+        state = "unhealthy"
+    elif box.release_at:
+        state = "warned"
     return (
         box.name,
         box.backend,
@@ -54,7 +59,7 @@ def row(view: BoxView, now: float) -> tuple[str, ...]:
     )
 
 
-def detail(view: BoxView | None) -> str:
+def detail(view: BoxView | None, now: float) -> str:
     if view is None:
         return "No box selected. c claims one."
     box, sample = view.box, view.sample
@@ -63,6 +68,9 @@ def detail(view: BoxView | None) -> str:
         lines[0] += f"  kept until {time.strftime('%a %H:%M', time.localtime(box.keep_until))}"
     if box.reason:
         lines.append(box.reason)
+    note = box.autoscaler_note(now)
+    if note:
+        lines.append(f"[b]{note}[/b]  (`devbox explain {box.name}` says why)")
     if sample is None:
         return "\n".join(lines)
     for g in sample["gpus"]:
@@ -163,7 +171,7 @@ class BoxesScreen(AppScreen):
         self._detail_of, self._detail_at = name, clock
         view = self.devbox.store.views.get(name) if name else None
         # Fixed height (app.tcss): new text never changes the layout of the screen.
-        self.query_one("#detail", Static).update(detail(view), layout=False)
+        self.query_one("#detail", Static).update(detail(view, self.devbox.clock()), layout=False)
 
     def selected_name(self) -> str | None:
         return self.query_one("#boxes", BoxTable).cursor_key

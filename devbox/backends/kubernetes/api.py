@@ -33,6 +33,9 @@ class Cluster:
     def events(self) -> str:
         return self._path("api/v1", "events", "")
 
+    def config_maps(self, name: str = "") -> str:
+        return self._path("api/v1", "configmaps", name)
+
     def leases(self, name: str = "") -> str:
         return self._path("apis/coordination.k8s.io/v1", "leases", name)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import secrets
+import time
 from datetime import datetime
 from typing import Any
 
@@ -95,7 +96,7 @@ def box_pod(
         metadata["generateName"] = f"devbox-warm-{label_value(spec.profile)[:20]}-"
     else:
         metadata["name"] = f"devbox-{box}"[:63].rstrip("-")
-        metadata["annotations"] = {p.ANN_OWNER_KEY: owner_key}
+        metadata["annotations"] = {p.ANN_OWNER_KEY: owner_key, p.ANN_CLAIMED_AT: _now()}
     pod_spec: dict[str, Any] = {
         "containers": [container],
         "serviceAccountName": config.service_account,
@@ -130,7 +131,7 @@ def claim_patch(*, resource_version: str, box: str, owner: str, owner_key: str) 
                 p.LABEL_BOX: box,
                 p.LABEL_OWNER: label_value(owner),
             },
-            "annotations": {p.ANN_OWNER_KEY: owner_key},
+            "annotations": {p.ANN_OWNER_KEY: owner_key, p.ANN_CLAIMED_AT: _now()},
         }
     }
 
@@ -190,10 +191,13 @@ def to_box(pod: dict[str, Any], *, last_input: float = 0.0) -> Box:
         host_key=ann.get(p.ANN_HOST_KEY, ""),
         host_key_fingerprint=ann.get(p.ANN_HOST_KEY_FP, ""),
         keep_until=_seconds(ann.get(p.ANN_KEEP_UNTIL)),
-        # RFC 3339 with a Z, as the API server writes it.
-        created_at=datetime.fromisoformat(created.replace("Z", "+00:00")).timestamp()
-        if created
-        else 0.0,
+        release_at=_seconds(ann.get(p.ANN_RELEASE_AT)),
+        release_reason=ann.get(p.ANN_RELEASE_REASON, ""),
+        unhealthy_since=_seconds(ann.get(p.ANN_UNHEALTHY_SINCE)),
+        # A warm pod's box begins when it is claimed, not when the pool made it; the
+        # pod's own time is RFC 3339 with a Z, as the API server writes it.
+        created_at=_seconds(ann.get(p.ANN_CLAIMED_AT))
+        or (datetime.fromisoformat(created.replace("Z", "+00:00")).timestamp() if created else 0.0),
         last_activity=last_input,
         reason=why,
         extra={
@@ -202,6 +206,10 @@ def to_box(pod: dict[str, Any], *, last_input: float = 0.0) -> Box:
             "node": spec.get("nodeName") or "",
         },
     )
+
+
+def _now() -> str:
+    return f"{time.time():.3f}"
 
 
 def random_suffix() -> str:

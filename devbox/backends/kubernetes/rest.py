@@ -57,8 +57,8 @@ class Rest:
     def patch(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         return self.request("PATCH", path, body=body, content_type=MERGE_PATCH)
 
-    def delete(self, path: str) -> dict[str, Any]:
-        return self.request("DELETE", path)
+    def delete(self, path: str, *, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        return self.request("DELETE", path, body=body)
 
     def request(
         self,

@@ -18,6 +18,7 @@ from pathlib import Path
 from devbox.boxes import Box
 from devbox.errors import StateError
 from devbox.locks import lock_held
+from devbox.protocol import Activity
 
 RECORD = "box.json"
 
@@ -86,6 +87,25 @@ class BoxStore:
         except (OSError, ValueError):
             return None
 
+    def activity_report(self, name: str) -> tuple[Activity | None, float]:
+        """The agent's whole activity record and when it was written (its heartbeat: the
+        agent rewrites it with every second's telemetry); (None, 0) before the first."""
+        path = self.box_dir(name) / "activity.json"
+        try:
+            written = path.stat().st_mtime
+            data = json.loads(path.read_text())
+            activity: Activity = {
+                "last_input": float(data["last_input"]),
+                "clients": int(data["clients"]),
+                "last_probe": float(data.get("last_probe") or 0.0),
+                "runs": int(data.get("runs") or 0),
+                "gpu_util": _number(data.get("gpu_util")),
+                "cpu": _number(data.get("cpu")),
+            }
+        except (OSError, ValueError, KeyError, TypeError):
+            return None, 0.0
+        return activity, written
+
     def activity(self, name: str) -> tuple[float, int]:
         """(last input time, attached clients); (0, 0) when the agent has not reported yet."""
         try:
@@ -93,3 +113,7 @@ class BoxStore:
             return float(data["last_input"]), int(data["clients"])
         except (OSError, ValueError, KeyError, TypeError):
             return 0.0, 0
+
+
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None

@@ -1,0 +1,183 @@
+"""The autoscaler's settings: one TOML document (a file locally, a ConfigMap's
+`autoscaler.toml` in the cluster), validated strictly at start. A bad value is a one-line
+UsageError naming the setting, never a silent default."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from dataclasses import dataclass, fields
+from typing import Any
+
+from devbox.errors import UsageError
+
+SIGNALS = ("input", "clients", "gpu", "cpu", "probe", "runs")
+# An attached session nobody types in is not use (it is how GPUs get held overnight), so
+# "clients" is off unless configured; the warning reaches that session, and a key pressed
+# there is input.
+DEFAULT_SIGNALS = ("input", "gpu", "cpu", "probe", "runs")
+CONFIG_MAP = "devbox-autoscaler"  # in the namespace the autoscaler looks after
+CONFIG_KEY = "autoscaler.toml"
+_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+_LABEL = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PoolTarget:
+    """Keep `size` unclaimed warm pods of this profile and GPU count."""
+
+    profile: str
+    gpus: int
+    size: int
+
+
+@dataclass(frozen=True, kw_only=True)
+class Settings:
+    # Every enabled signal quiet this long: the box is idle and is released.
+    idle_timeout: float = 3600.0
+    # The user is warned this long before an idle (or too old) box is released.
+    warning: float = 600.0
+    # A box claimed less than this long ago is never released for idleness.
+    grace: float = 900.0
+    # Boxes are released (with a warning) this long after their claim; 0: no limit.
+    max_lifetime: float = 0.0
+    # An agent silent this long is marked unhealthy (and reported) ...
+    unhealthy_after: float = 120.0
+    # ... and its box released once it has been silent this long (longer: a node hiccup
+    # must not cost anyone their session).
+    unhealthy_release_after: float = 3600.0
+    max_releases_per_pass: int = 10
+    # A GPU busier than this (mean utilisation, percent) is in use; so are the box's
+    # processes above this CPU figure (percent of one core, the agent left out).
+    gpu_util_threshold: float = 5.0
+    cpu_threshold: float = 20.0
+    signals: tuple[str, ...] = DEFAULT_SIGNALS
+    interval: float = 10.0  # seconds between reconcile passes
+    metrics_port: int = 0  # Prometheus text exposition; 0: off
+    metrics_address: str = "127.0.0.1"
+    pools: tuple[PoolTarget, ...] = ()
+
+
+_DURATIONS = (
+    "idle_timeout",
+    "warning",
+    "grace",
+    "max_lifetime",
+    "unhealthy_after",
+    "unhealthy_release_after",
+    "interval",
+)
+
+
+def duration(value: object, what: str) -> float:
+    """Seconds, from a number or a string with a unit ("90s", "30m", "4h", "1d")."""
+    if isinstance(value, bool):
+        raise UsageError(f"{what} must be a duration (seconds, or 30m, 4h), not {value!r}")
+    if isinstance(value, int | float):
+        return float(value)
+    if isinstance(value, str) and value[-1:] in _UNITS:
+        try:
+            return float(value[:-1]) * _UNITS[value[-1]]
+        except ValueError:
+            pass
+    raise UsageError(f"{what} must be a duration (seconds, or 30m, 4h), not {value!r}")
+
+
+def parse(text: str, *, source: str) -> Settings:
+    """Settings from TOML text; `source` names where it came from in every error."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(f"autoscaler config {source} is not valid TOML: {exc}") from None
+    try:
+        return _settings(data)
+    except UsageError as exc:
+        raise UsageError(f"autoscaler config {source}: {exc.message}") from None
+
+
+def _settings(data: dict[str, Any]) -> Settings:
+    known = {f.name for f in fields(Settings)} - {"pools"} | {"pool"}
+    for key in data:
+        if key not in known:
+            raise UsageError(f"unknown setting {key!r}")
+    values: dict[str, Any] = {}
+    for key in _DURATIONS:
+        if key in data:
+            values[key] = duration(data[key], key)
+    for key in ("gpu_util_threshold", "cpu_threshold"):
+        if key in data:
+            values[key] = _number(data[key], key)
+    for key in ("max_releases_per_pass", "metrics_port"):
+        if key in data:
+            values[key] = _whole(data[key], key)
+    if "metrics_address" in data:
+        if not isinstance(data["metrics_address"], str) or not data["metrics_address"]:
+            raise UsageError("metrics_address must be a host address string")
+        values["metrics_address"] = data["metrics_address"]
+    if "signals" in data:
+        signals = data["signals"]
+        if not isinstance(signals, list) or not signals or not all(s in SIGNALS for s in signals):
+            raise UsageError(f"signals must be a non-empty list of {', '.join(SIGNALS)}")
+        values["signals"] = tuple(dict.fromkeys(signals))
+    if "pool" in data:
+        values["pools"] = _pools(data["pool"])
+    settings = Settings(**values)
+    _check(settings)
+    return settings
+
+
+def _check(s: Settings) -> None:
+    for key in _DURATIONS:
+        value = getattr(s, key)
+        if value < 0 or (value == 0 and key not in ("grace", "max_lifetime")):
+            raise UsageError(f"{key} must be above 0 (got {value:g})")
+    if s.warning >= s.idle_timeout:
+        raise UsageError(
+            f"warning ({s.warning:g}s) must be shorter than idle_timeout ({s.idle_timeout:g}s)"
+        )
+    if s.max_lifetime and s.max_lifetime <= s.warning:
+        raise UsageError(f"max_lifetime must be 0 (none) or longer than warning ({s.warning:g}s)")
+    if s.unhealthy_release_after <= s.unhealthy_after:
+        raise UsageError("unhealthy_release_after must be longer than unhealthy_after")
+    if s.max_releases_per_pass < 1:
+        raise UsageError("max_releases_per_pass must be at least 1")
+    if not 0 <= s.gpu_util_threshold <= 100:
+        raise UsageError("gpu_util_threshold must be a percentage between 0 and 100")
+    if s.cpu_threshold < 0:
+        raise UsageError("cpu_threshold must be at least 0 (percent of one core)")
+    if not 0 <= s.metrics_port <= 65535:
+        raise UsageError("metrics_port must be between 0 (off) and 65535")
+
+
+def _number(value: object, what: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise UsageError(f"{what} must be a number, not {value!r}")
+    return float(value)
+
+
+def _whole(value: object, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise UsageError(f"{what} must be a whole number, not {value!r}")
+    return value
+
+
+def _pools(raw: object) -> tuple[PoolTarget, ...]:
+    if not isinstance(raw, list):
+        raise UsageError("pool must be a list of tables ([[pool]] profile, gpus, size)")
+    out: dict[tuple[str, int], PoolTarget] = {}
+    for entry in raw:
+        if not isinstance(entry, dict) or set(entry) - {"profile", "gpus", "size"}:
+            raise UsageError("each [[pool]] has only profile, gpus and size")
+        profile = entry.get("profile", "default")
+        if not isinstance(profile, str) or not _LABEL.match(profile):
+            raise UsageError(f"pool profile must be a label value, not {profile!r}")
+        gpus, size = (
+            _whole(entry.get("gpus", 0), "pool gpus"),
+            _whole(entry.get("size"), "pool size"),
+        )
+        if gpus < 0 or size < 0:
+            raise UsageError("pool gpus and size must be at least 0")
+        if (profile, gpus) in out:
+            raise UsageError(f"pool {profile!r} with {gpus} GPU(s) is listed twice")
+        out[(profile, gpus)] = PoolTarget(profile=profile, gpus=gpus, size=size)
+    return tuple(out.values())

@@ -1,0 +1,128 @@
+"""The autoscaler's loop: look (no per-box requests), decide (the pure policy), act,
+remember. Thin on purpose; the backends' `World`s do the talking."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from devbox.autoscaler import policy
+from devbox.autoscaler.config import Settings
+from devbox.autoscaler.metrics import Metrics
+from devbox.autoscaler.state import Released, State
+
+log = logging.getLogger("devbox.autoscaler")
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    facts: Sequence[policy.BoxFacts]
+    # Unclaimed warm pods per (profile, GPU count), counting those being created.
+    warm: Mapping[tuple[str, int], int] = field(default_factory=dict)
+    # Seconds from claim to a serving agent, for claims seen since the last snapshot.
+    claim_latencies: Sequence[float] = ()
+
+
+class World(Protocol):
+    """Where boxes live, as the autoscaler sees them."""
+
+    def snapshot(self) -> Snapshot:
+        """Every box with its activity, from what the world already pushed to us."""
+        ...
+
+    def apply(self, action: policy.Action) -> bool:
+        """Carry out one action; False when it no longer applies (the box changed)."""
+        ...
+
+    def load_state(self) -> State: ...
+
+    def save_state(self, text: str) -> None: ...
+
+
+@dataclass
+class PassResult:
+    decision: policy.Decision
+    applied: list[policy.Action]
+    failed: list[tuple[policy.Action, str]]
+    seconds: float
+
+
+class Autoscaler:
+    def __init__(
+        self,
+        world: World,
+        settings: Settings,
+        *,
+        clock: Callable[[], float] = time.time,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.world, self.settings, self.clock = world, settings, clock
+        self.metrics = metrics or Metrics()
+        self.state = world.load_state()
+        self._saved = self.state.dumps()
+        self._last_pass = 0.0
+
+    def reconcile(self) -> PassResult:
+        started = time.perf_counter()
+        snap = self.world.snapshot()
+        now = self.clock()
+        self.state.memory = policy.observe(self.state.memory, snap.facts, self.settings)
+        decision = policy.decide(
+            snap.facts, memory=self.state.memory, now=now, settings=self.settings, warm=snap.warm
+        )
+        applied, failed = [], []
+        for action in decision.actions:
+            try:
+                done = self.world.apply(action)
+            except Exception as exc:  # one failed action must not stop the others
+                log.warning("%s failed: %s", _describe(action), exc)
+                failed.append((action, str(exc)))
+                continue
+            if not done:
+                log.info("%s: skipped, the box changed meanwhile", _describe(action))
+                continue
+            applied.append(action)
+            log.info("%s", _describe(action))
+            if isinstance(action, policy.Release):
+                self.state.record(
+                    Released(action.box, action.owner, now, action.reason, action.why, action.key)
+                )
+        text = self.state.dumps()
+        if text != self._saved:
+            self.world.save_state(text)
+            self._saved = text
+        elapsed = now - self._last_pass if self._last_pass else 0.0
+        self._last_pass = now
+        seconds = time.perf_counter() - started
+        self.metrics.update(
+            decision, applied, snap, since_last=elapsed, pass_seconds=seconds, failed=len(failed)
+        )
+        return PassResult(decision, applied, failed, seconds)
+
+    def run(self, stop: threading.Event) -> None:
+        """Reconcile every `interval` until stop; a failed pass is logged and retried."""
+        while not stop.is_set():
+            try:
+                self.reconcile()
+            except Exception:
+                log.exception("reconcile pass failed; retrying")
+                self.metrics.pass_failed()
+            stop.wait(self.settings.interval)
+
+
+def _describe(action: policy.Action) -> str:
+    if isinstance(action, policy.CreateWarm):
+        return f"warm pool {action.profile}/{action.gpus} GPU(s): creating {action.count} pod(s)"
+    kind = type(action).__name__
+    words = {
+        "Warn": "warned",
+        "Unwarn": "withdrew the warning for",
+        "Release": "released",
+        "MarkUnhealthy": "marked unhealthy",
+        "MarkHealthy": "marked healthy",
+    }
+    return f"{words[kind]} box {action.box} of {action.owner or '?'}: {action.why}"

@@ -1,0 +1,327 @@
+"""The autoscaler's policy: pure functions from boxes, their activity and the time to
+actions. No I/O and no clock of its own, so every rule is unit-tested with a fake clock.
+
+A box is in use while any enabled signal is active: SSH input, attached clients, GPU
+utilisation or the box's CPU above a threshold, probe batches from a training loop,
+`devbox run` experiments. Two of them are times the agent reports (last input, last probe
+batch); the others are states ("3 clients now"), so the loop remembers when each was last
+seen active (`Memory`, which it persists: a restart forgets nothing).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+
+from devbox.autoscaler.config import Settings
+from devbox.boxes import Box, BoxState
+from devbox.protocol import Activity
+from devbox.statsview import age as _span
+
+# The metrics count a box as idle (its GPUs wasted) after this long with every signal quiet.
+IDLE_AFTER = 60.0
+_NOW_SIGNALS = ("clients", "gpu", "cpu", "runs")
+
+Memory = dict[str, dict[str, float]]  # box key -> signal -> when last seen active
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BoxFacts:
+    """One box as the loop found it: its record, its agent's newest report and when that
+    report was made (0: never)."""
+
+    key: str  # what actions address: the pod, or the local box's name
+    box: Box
+    activity: Activity | None = None
+    heartbeat_at: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Signal:
+    name: str
+    last_active: float  # 0: never seen active
+    active_now: bool
+    detail: str  # "3 clients attached", "GPU 2% (threshold 5%)"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Verdict:
+    """Why a box is alive (or is going): what `devbox explain` and the logs say."""
+
+    key: str
+    box: str
+    owner: str
+    status: str  # busy, idle, warned, kept, new, unhealthy, releasing, deferred, not-running
+    why: str
+    signals: tuple[Signal, ...] = ()
+    idle_since: float = 0.0
+    gpus: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class Warn:
+    key: str
+    box: str
+    owner: str
+    release_at: float
+    reason: str  # "idle" or "lifetime"
+    why: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Unwarn:
+    key: str
+    box: str
+    owner: str
+    why: str
+
+
+@dataclasses.dataclass(frozen=True)
+class Release:
+    key: str
+    box: str
+    owner: str
+    reason: str  # "idle", "lifetime" or "unhealthy"
+    why: str
+
+
+@dataclasses.dataclass(frozen=True)
+class MarkUnhealthy:
+    key: str
+    box: str
+    owner: str
+    since: float
+    why: str
+
+
+@dataclasses.dataclass(frozen=True)
+class MarkHealthy:
+    key: str
+    box: str
+    owner: str
+    why: str
+
+
+@dataclasses.dataclass(frozen=True)
+class CreateWarm:
+    profile: str
+    gpus: int
+    count: int
+
+
+Action = Warn | Unwarn | Release | MarkUnhealthy | MarkHealthy | CreateWarm
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    actions: tuple[Action, ...]
+    verdicts: tuple[Verdict, ...]
+
+
+# --- memory of the signals that are states -------------------------------------------
+
+
+def observe(memory: Memory, facts: Iterable[BoxFacts], settings: Settings) -> Memory:
+    """The memory after this pass's reports: a state signal active in a report was active
+    when that report was made. Boxes that are gone are forgotten."""
+    out: Memory = {}
+    for f in facts:
+        seen = dict(memory.get(f.key, {}))
+        if f.activity is not None and f.heartbeat_at:
+            for name in _NOW_SIGNALS:
+                if _active_now(name, f.activity, settings):
+                    seen[name] = max(seen.get(name, 0.0), f.heartbeat_at)
+        out[f.key] = seen
+    return out
+
+
+def _active_now(name: str, a: Activity, s: Settings) -> bool:
+    if name == "clients":
+        return a["clients"] > 0
+    if name == "runs":
+        return a.get("runs", 0) > 0
+    if name == "gpu":
+        util = a.get("gpu_util")
+        return util is not None and util >= s.gpu_util_threshold
+    if name == "cpu":
+        cpu = a.get("cpu")
+        return cpu is not None and cpu >= s.cpu_threshold
+    return False
+
+
+def signals(f: BoxFacts, memory: Memory, settings: Settings) -> tuple[Signal, ...]:
+    a, seen = f.activity, memory.get(f.key, {})
+    out = []
+    for name in settings.signals:
+        if name == "input":
+            last = a["last_input"] if a else 0.0
+            out.append(Signal(name, last, False, "SSH input"))
+        elif name == "probe":
+            last = a.get("last_probe", 0.0) if a else 0.0
+            out.append(Signal(name, last, False, "probe batches"))
+        else:
+            now = a is not None and _active_now(name, a, settings)
+            out.append(Signal(name, seen.get(name, 0.0), now, _detail(name, a, settings)))
+    return tuple(out)
+
+
+def _detail(name: str, a: Activity | None, s: Settings) -> str:
+    if a is None:
+        return "not reported"
+    if name == "clients":
+        return f"{a['clients']} client(s) attached"
+    if name == "runs":
+        return f"{a.get('runs', 0)} run(s) going"
+    if name == "gpu":
+        util = a.get("gpu_util")
+        shown = "no GPU figure" if util is None else f"{util:.0f}%"
+        return f"GPU {shown} (threshold {s.gpu_util_threshold:g}%)"
+    cpu = a.get("cpu")
+    shown = "unknown" if cpu is None else f"{cpu:.0f}%"
+    return f"CPU {shown} of a core (threshold {s.cpu_threshold:g}%)"
+
+
+# --- the decision ------------------------------------------------------------------------
+
+
+def decide(
+    facts: Sequence[BoxFacts],
+    *,
+    memory: Memory,
+    now: float,
+    settings: Settings,
+    warm: Mapping[tuple[str, int], int] | None = None,
+) -> Decision:
+    actions: list[Action] = []
+    verdicts: list[Verdict] = []
+    due: list[tuple[float, Release, Verdict]] = []
+    for f in facts:
+        verdict, box_actions, release = _one(f, memory, now, settings)
+        actions.extend(box_actions)
+        if release is None:
+            verdicts.append(verdict)
+        else:
+            due.append((release[0], release[1], verdict))
+    # Longest overdue first; the rest wait for the next pass (a bad config or a mass idle
+    # must not empty the cluster at once).
+    due.sort(key=lambda d: (d[0], d[1].key))
+    for i, (_, action, verdict) in enumerate(due):
+        if i < settings.max_releases_per_pass:
+            actions.append(action)
+            verdicts.append(verdict)
+        else:
+            verdicts.append(
+                dataclasses.replace(
+                    verdict,
+                    status="deferred",
+                    why=f"{verdict.why}; waits: at most {settings.max_releases_per_pass} "
+                    "releases per pass",
+                )
+            )
+    for target in settings.pools:
+        have = (warm or {}).get((target.profile, target.gpus), 0)
+        if have < target.size:
+            actions.append(CreateWarm(target.profile, target.gpus, target.size - have))
+    return Decision(tuple(actions), tuple(verdicts))
+
+
+def _one(
+    f: BoxFacts, memory: Memory, now: float, s: Settings
+) -> tuple[Verdict, list[Action], tuple[float, Release] | None]:
+    box = f.box
+    sigs = signals(f, memory, s)
+
+    def verdict(status: str, why: str, idle_since: float = 0.0) -> Verdict:
+        return Verdict(
+            key=f.key,
+            box=box.name,
+            owner=box.owner,
+            status=status,
+            why=why,
+            signals=sigs,
+            idle_since=idle_since,
+            gpus=box.spec.gpus,
+        )
+
+    ids = (f.key, box.name, box.owner)
+    if box.state is not BoxState.RUNNING:
+        return verdict("not-running", f"the box is {box.state.value}"), [], None
+    actions: list[Action] = []
+    kept = box.keep_until > now
+    keep_note = f"kept (`devbox keep`) for another {_span(box.keep_until - now)}"
+
+    # Health first: a silent agent's activity is stale, so it says nothing about use.
+    # A claimed warm pod's agent may have beaten long before the claim: count from there.
+    silent_since = max(f.heartbeat_at, box.created_at)
+    silent = now - silent_since
+    if silent >= s.unhealthy_after:
+        why = f"agent silent for {_span(silent)} (no heartbeat)"
+        if not box.unhealthy_since:
+            actions.append(MarkUnhealthy(*ids, since=silent_since, why=why))
+        if kept:
+            return verdict("kept", f"{why}; {keep_note}"), actions, None
+        if silent >= s.unhealthy_release_after:
+            release = Release(*ids, reason="unhealthy", why=why)
+            return verdict("releasing", why), actions, (silent_since, release)
+        left = s.unhealthy_release_after - silent
+        return verdict("unhealthy", f"{why}; released in {_span(left)}"), actions, None
+    if box.unhealthy_since:
+        actions.append(MarkHealthy(*ids, why="agent heartbeats again"))
+
+    if kept:
+        if box.release_at:
+            actions.append(Unwarn(*ids, why=keep_note))
+        return verdict("kept", keep_note), actions, None
+    age = now - box.created_at
+    if age < s.grace:
+        if box.release_at:
+            actions.append(Unwarn(*ids, why="new box"))
+        return verdict("new", f"claimed {_span(age)} ago (grace {_span(s.grace)})"), actions, None
+
+    active = [sig for sig in sigs if sig.active_now]
+    last = max([box.created_at, *(sig.last_active for sig in sigs)])
+    idle_since = f.heartbeat_at if active and f.heartbeat_at else last
+    quiet = now - idle_since
+    lifetime_end = box.created_at + s.max_lifetime if s.max_lifetime else 0.0
+
+    want: tuple[str, float] | None = None
+    if lifetime_end and now >= lifetime_end - s.warning:
+        want = ("lifetime", lifetime_end)
+    elif now >= idle_since + s.idle_timeout - s.warning:
+        want = ("idle", idle_since + s.idle_timeout)
+
+    if want is None:
+        busy = ", ".join(sig.detail for sig in active) or _latest(sigs)
+        if box.release_at:
+            actions.append(Unwarn(*ids, why=f"in use again: {busy}"))
+        if quiet >= IDLE_AFTER:
+            left = idle_since + s.idle_timeout - now
+            why = f"every signal quiet for {_span(quiet)}; warned in {_span(left - s.warning)}"
+            return verdict("idle", why, idle_since), actions, None
+        return verdict("busy", f"in use: {busy}", idle_since), actions, None
+
+    reason, deadline = want
+    why = (
+        f"claimed {_span(age)} ago (max_lifetime {_span(s.max_lifetime)})"
+        if reason == "lifetime"
+        else f"every signal quiet for {_span(quiet)} (idle_timeout {_span(s.idle_timeout)})"
+    )
+    if not box.release_at or box.release_reason != reason:
+        # The user always gets the full warning, even when the autoscaler was away.
+        release_at = max(deadline, now + s.warning)
+        actions.append(Warn(*ids, release_at=release_at, reason=reason, why=why))
+        left = release_at - now
+        return verdict("warned", f"{why}; released in {_span(left)}", idle_since), actions, None
+    if now < box.release_at:
+        left = box.release_at - now
+        return verdict("warned", f"{why}; released in {_span(left)}", idle_since), actions, None
+    release = Release(*ids, reason=reason, why=why)
+    return verdict("releasing", why, idle_since), actions, (box.release_at, release)
+
+
+def _latest(sigs: Sequence[Signal]) -> str:
+    used = [sig for sig in sigs if sig.last_active]
+    if not used:
+        return "recently claimed"
+    best = max(used, key=lambda sig: sig.last_active)
+    return f"{best.name} recently"

@@ -1,0 +1,333 @@
+"""`devbox autoscaler` against the real control plane, running as its own ServiceAccount
+with the RBAC of images/k8s/autoscaler.yaml, with real agents heartbeating their Leases
+and simulated GPUs; short timeouts."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests import nvml_sim
+from tests.conftest import REPO
+from tests.k8s.conftest import Cluster, KubeUser
+from tests.terminal import Terminal
+
+DEVBOX = f"{sys.executable} -m devbox"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _settings(metrics_port: int) -> str:
+    # The agents heartbeat every 10 s: a healthy one is never silent for 22.
+    return f"""
+idle_timeout = 40
+warning = 10
+grace = 0
+interval = 1
+unhealthy_after = 22
+unhealthy_release_after = 600
+metrics_port = {metrics_port}
+[[pool]]
+profile = "default"
+gpus = 0
+size = 2
+"""
+
+
+def _wait(what: str, check: Callable[[], Any], timeout: float = 90) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.3)
+
+
+class Kube:
+    def __init__(self, kube: KubeUser) -> None:
+        self.kube, self.ns, self.cluster = kube, kube.namespace, kube.cluster
+
+    def json(self, *args: str) -> Any:
+        done = self.cluster.kubectl_run(*args, "-n", self.ns, "-o", "json")
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    def pods(self, selector: str) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = self.json("get", "pods", "-l", selector)["items"]
+        return items
+
+    def pod(self, name: str) -> dict[str, Any] | None:
+        done = self.cluster.kubectl_run("get", "pod", name, "-n", self.ns, "-o", "json")
+        return json.loads(done.stdout) if done.returncode == 0 else None
+
+    def ready_warm(self) -> list[str]:
+        return [
+            p["metadata"]["name"]
+            for p in self.pods("devbox.io/state=warm")
+            if p["status"].get("phase") == "Running"
+            and "devbox.io/host-key" in (p["metadata"].get("annotations") or {})
+            and not p["metadata"].get("deletionTimestamp")
+        ]
+
+    def events(self, pod: str) -> list[str]:
+        items = self.json("get", "events", "--field-selector", f"involvedObject.name={pod}")
+        return [
+            e["reason"]
+            for e in items["items"]
+            if (e.get("source") or {}).get("component") == "devbox-autoscaler"
+        ]
+
+    def sa_kubeconfig(self, path: Path) -> Path:
+        token = self.cluster.kubectl_run(
+            "create", "token", "devbox-autoscaler", "-n", self.ns, "--duration", "1h"
+        )
+        assert token.returncode == 0, token.stderr
+        admin = json.loads(
+            self.cluster.kubectl_run("config", "view", "--raw", "--minify", "-o", "json").stdout
+        )
+        cluster = admin["clusters"][0]["cluster"]
+        path.write_text(
+            json.dumps(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "clusters": [{"name": "c", "cluster": cluster}],
+                    "users": [{"name": "sa", "user": {"token": token.stdout.decode().strip()}}],
+                    "contexts": [
+                        {
+                            "name": "sa",
+                            "context": {"cluster": "c", "user": "sa", "namespace": self.ns},
+                        }
+                    ],
+                    "current-context": "sa",
+                }
+            )
+        )
+        return path
+
+
+def _runner_folder(cluster: Cluster, pod: dict[str, Any]) -> Path:
+    """Where the pod runner keeps this pod's agent files (its simulated GPUs among them)."""
+    data = (cluster.kubeconfig.parent / "runner").resolve()
+    short = Path("/tmp/dbxr") / hashlib.sha1(str(data).encode()).hexdigest()[:6]
+    meta = pod["metadata"]
+    key = hashlib.sha1(f"{meta['namespace']}/{meta['name']}/{meta['uid']}".encode()).hexdigest()
+    return short / key[:8]
+
+
+def _agent_pid(ns: str, pod: str) -> int:
+    want = f"\0--pod\0{pod}\0--namespace\0{ns}\0".encode()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if want in (entry / "cmdline").read_bytes():
+                    return int(entry.name)
+            except OSError:
+                continue
+    raise AssertionError(f"no agent for {ns}/{pod}")
+
+
+def _start(env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    with open(log, "ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "devbox", "autoscaler"],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
+        )
+
+
+@pytest.mark.timeout(420)
+def test_autoscaler_on_the_real_control_plane(kube: KubeUser, tmp_path: Path) -> None:
+    k = Kube(kube)
+    applied = k.cluster.kubectl_run(
+        "apply", "-n", k.ns, "-f", str(REPO / "images/k8s/autoscaler.yaml")
+    )
+    assert applied.returncode == 0, applied.stderr
+    port = _free_port()
+    patch = json.dumps({"data": {"autoscaler.toml": _settings(port)}})
+    done = k.cluster.kubectl_run(
+        "patch", "configmap", "devbox-autoscaler", "-n", k.ns, "--type", "merge", "-p", patch
+    )
+    assert done.returncode == 0, done.stderr
+    # As its Deployment runs it: its own ServiceAccount, and nothing more.
+    env = dict(kube.user.env, KUBECONFIG=str(k.sa_kubeconfig(tmp_path / "sa.kubeconfig")))
+    log = tmp_path / "autoscaler.log"
+    procs = [_start(env, log)]
+    term = Terminal(kube.user.env, Path(kube.user.env["TMUX_TMPDIR"]))
+    silent_pid = 0
+    try:
+        # The warm pool is made, then refilled after claims.
+        first_pool = set(
+            _wait("a warm pool of two", lambda: len(k.ready_warm()) == 2 and k.ready_warm())
+        )
+        boxes = {}
+        for name, gpus in (("idle", "0"), ("kept", "0"), ("train", "1"), ("silent", "1")):
+            up = kube.devbox("up", name, "--gpus", gpus, "--no-attach", "--json", check=True)
+            boxes[name] = json.loads(up.stdout)
+        claimed = {boxes["idle"]["extra"]["pod"], boxes["kept"]["extra"]["pod"]}
+        # Both from the pool (the second perhaps from a pod made after the first claim).
+        assert boxes["idle"]["extra"]["pod"] in first_pool
+        assert all(pod.startswith("devbox-warm-") for pod in claimed)
+        refilled = _wait(
+            "the pool refilled",
+            lambda: (
+                len(k.ready_warm()) == 2
+                and not set(k.ready_warm()) & claimed
+                and set(k.ready_warm())
+            ),
+        )
+        assert refilled - first_pool
+        # At the low priority (images/k8s/cluster.yaml), so real work preempts them.
+        spec = k.pod(sorted(refilled)[0])["spec"]  # type: ignore[index]
+        assert spec["priorityClassName"] == "devbox-warm" and spec["priority"] == -10
+        kube.devbox("keep", "kept", "--for", "50s", check=True)
+        kube.devbox("ssh", "idle", "--", "echo kept-home > notes.txt", check=True)
+        pods = {name: k.pod(box["extra"]["pod"]) for name, box in boxes.items()}
+        # Training with nobody typing: their GPUs are busy.
+        for name in ("train", "silent"):
+            nvml_sim.write(
+                _runner_folder(k.cluster, pods[name]) / "gpus", [nvml_sim.SimGpu(util=93)]
+            )  # type: ignore[arg-type]
+        shell = term.start(f"{DEVBOX} ssh idle")
+        term.wait_for(shell, "devbox-homes", timeout=30)  # the shell, in the home volume
+
+        def lease_gpu(name: str) -> float:
+            lease = k.json("get", "lease", boxes[name]["extra"]["pod"])
+            return float(lease["metadata"]["annotations"].get("devbox.io/gpu-util", 0))
+
+        _wait("silent's busy GPU in its Lease", lambda: lease_gpu("silent") >= 90, timeout=40)
+        silent_pid = _agent_pid(k.ns, boxes["silent"]["extra"]["pod"])
+        os.kill(silent_pid, signal.SIGSTOP)  # its agent stops heartbeating
+
+        # The idle box is warned: in its session, on the pod, in `devbox ls`.
+        term.wait_for(shell, "devbox: box idle has been idle", timeout=60)
+        idle_pod = boxes["idle"]["extra"]["pod"]
+        release_at = float(k.pod(idle_pod)["metadata"]["annotations"]["devbox.io/release-at"])  # type: ignore[index]
+        row = next(
+            line
+            for line in kube.devbox("ls", check=True).stdout.decode().splitlines()
+            if line.startswith("idle ")
+        )
+        assert row.split()[-3] == "in" and row.split()[-1] == "-", row
+
+        # Restart mid-way: the recorded warning stands; nothing is warned or released twice.
+        procs[0].send_signal(signal.SIGKILL)
+        procs[0].wait()
+        procs.append(_start(env, log))
+        _wait("the idle box's release", lambda: k.pod(idle_pod) is None, timeout=60)
+        assert time.time() >= release_at - 1
+        assert k.events(idle_pod).count("DevboxReleaseWarning") == 1
+        assert k.events(idle_pod).count("DevboxReleased") == 1
+        explained = kube.devbox("explain", "idle", check=True).stdout.decode()
+        assert "box idle was released at" in explained and "(idle)" in explained
+        assert "DevboxReleased" in explained
+
+        # The silent agent is marked unhealthy and reported, not released.
+        silent_pod = boxes["silent"]["extra"]["pod"]
+        _wait(
+            "silent marked unhealthy",
+            lambda: "devbox.io/unhealthy-since" in k.pod(silent_pod)["metadata"]["annotations"],  # type: ignore[index]
+        )
+        listing = kube.devbox("ls", check=True)
+        row = next(ln for ln in listing.stdout.decode().splitlines() if ln.startswith("silent "))
+        assert row.split()[-2] == "unhealthy" and b"agent silent for" in listing.stderr
+        assert "DevboxAgentSilent" in k.events(silent_pod)
+        assert k.pod(silent_pod) is not None
+
+        # The kept box is left alone until its time, then warned.
+        kept_pod = boxes["kept"]["extra"]["pod"]
+        kept = k.pod(kept_pod)["metadata"]  # type: ignore[index]
+        keep_until = float(kept["annotations"]["devbox.io/keep-until"])
+        assert time.time() < keep_until and "devbox.io/release-at" not in kept["annotations"]
+        warned = _wait(
+            "kept warned after its keep",
+            lambda: k.pod(kept_pod)["metadata"]["annotations"].get("devbox.io/release-at"),  # type: ignore[index]
+            timeout=60,
+        )
+        assert float(warned) > keep_until
+
+        # Another restart releases nothing twice.
+        procs[-1].terminate()
+        procs[-1].wait(timeout=20)
+        procs.append(_start(env, log))
+        time.sleep(5)
+        assert k.events(idle_pod).count("DevboxReleased") == 1
+
+        # Training with nobody typing was never warned.
+        train_pod = boxes["train"]["extra"]["pod"]
+        assert "devbox.io/release-at" not in k.pod(train_pod)["metadata"]["annotations"]  # type: ignore[index]
+        assert k.events(train_pod) == []
+        why = kube.devbox("explain", "train", check=True).stdout.decode()
+        assert ": busy: in use: GPU 93%" in why
+
+        # The home survived the release.
+        kube.devbox("up", "idle", "--no-attach", check=True)
+        again = kube.devbox("ssh", "idle", "--", "cat notes.txt", check=True)
+        assert again.stdout == b"kept-home\n"
+
+        # Metrics of the process that released the box, and the pool it keeps.
+        def metrics() -> str:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                return str(r.read().decode())
+
+        text = _wait("metrics", lambda: "devbox_warm_pool_pods" in metrics() and metrics())
+        assert 'devbox_warm_pool_pods{gpus="0",profile="default"} 2' in text
+        assert 'devbox_boxes{status="unhealthy"} 1' in text
+        _wait(
+            "a claim latency",
+            lambda: "devbox_claim_latency_seconds_count 0" not in metrics(),
+            timeout=30,
+        )
+        state = k.json("get", "configmap", "devbox-autoscaler-state")
+        assert train_pod in json.loads(state["data"]["state.json"])["memory"]
+    finally:
+        if silent_pid:
+            os.kill(silent_pid, signal.SIGCONT)
+        term.close()
+        for proc in procs:
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait(timeout=20)
+    text = log.read_text()
+    assert "released box idle" in text and "Traceback" not in text, text
+
+
+def test_a_bad_config_map_is_one_line_at_start(kube: KubeUser) -> None:
+    k = Kube(kube)
+    applied = k.cluster.kubectl_run(
+        "apply", "-n", k.ns, "-f", str(REPO / "images/k8s/autoscaler.yaml")
+    )
+    assert applied.returncode == 0, applied.stderr
+    # The shipped settings are valid as they are.
+    ok = kube.devbox("autoscaler", "--once")
+    assert ok.returncode == 0, ok.stderr
+    patch = json.dumps({"data": {"autoscaler.toml": "warning = '2h'\n"}})
+    done = k.cluster.kubectl_run(
+        "patch", "configmap", "devbox-autoscaler", "-n", k.ns, "--type", "merge", "-p", patch
+    )
+    assert done.returncode == 0, done.stderr
+    bad = kube.devbox("autoscaler", "--once")
+    assert bad.returncode == 2, bad.stderr
+    assert bad.stderr.decode().strip().splitlines() == [
+        f"devbox: error: autoscaler config ConfigMap {k.ns}/devbox-autoscaler: "
+        "warning (7200s) must be shorter than idle_timeout (3600s)"
+    ]

@@ -1,0 +1,52 @@
+"""The autoscaler's settings: durations, pools, and one clear line for every bad value."""
+
+from __future__ import annotations
+
+import pytest
+
+from devbox.autoscaler.config import PoolTarget, Settings, parse
+from devbox.errors import UsageError
+
+
+def test_defaults_and_values() -> None:
+    assert parse("", source="x") == Settings()
+    s = parse(
+        'idle_timeout = "2h"\nwarning = 300\ngrace = "0s"\nmax_lifetime = "1d"\n'
+        'signals = ["input", "gpu"]\n'
+        '[[pool]]\nprofile = "a100"\ngpus = 1\nsize = 2\n',
+        source="x",
+    )
+    assert s.idle_timeout == 7200 and s.warning == 300 and s.grace == 0
+    assert s.max_lifetime == 86400 and s.signals == ("input", "gpu")
+    assert s.pools == (PoolTarget(profile="a100", gpus=1, size=2),)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("idle_timout = 5", "unknown setting 'idle_timout'"),
+        ('idle_timeout = "soon"', "idle_timeout must be a duration"),
+        ("idle_timeout = true", "idle_timeout must be a duration"),
+        ("idle_timeout = 0", "idle_timeout must be above 0"),
+        ("warning = 4000", "warning (4000s) must be shorter than idle_timeout"),
+        ("max_lifetime = 10", "max_lifetime must be 0 (none) or longer than warning"),
+        ("unhealthy_after = 7200", "unhealthy_release_after must be longer"),
+        ("max_releases_per_pass = 0", "max_releases_per_pass must be at least 1"),
+        ("max_releases_per_pass = 1.5", "max_releases_per_pass must be a whole number"),
+        ("gpu_util_threshold = 120", "gpu_util_threshold must be a percentage"),
+        ('signals = ["input", "typing"]', "signals must be a non-empty list"),
+        ("signals = []", "signals must be a non-empty list"),
+        ("metrics_port = 70000", "metrics_port must be between 0"),
+        ("[[pool]]\nsize = -1", "pool gpus and size must be at least 0"),
+        ('[[pool]]\nprofile = "a b"\nsize = 1', "pool profile must be a label value"),
+        ("[[pool]]\nsize = 1\ncolour = 2", "each [[pool]] has only profile, gpus and size"),
+        ("[[pool]]\nsize = 1\n[[pool]]\nsize = 2", "is listed twice"),
+        ("pool = 3", "pool must be a list of tables"),
+        ("idle_timeout = ", "is not valid TOML"),
+    ],
+)
+def test_bad_values_are_one_clear_line(text: str, message: str) -> None:
+    with pytest.raises(UsageError) as caught:
+        parse(text, source="/etc/a.toml")
+    assert caught.value.message.startswith("autoscaler config /etc/a.toml")
+    assert message in caught.value.message and "\n" not in caught.value.message.strip()

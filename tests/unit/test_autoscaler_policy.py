@@ -1,0 +1,287 @@
+"""The autoscaler's pure policy against a fake clock: every rule, and the loop's memory."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from devbox.autoscaler import policy
+from devbox.autoscaler.config import SIGNALS, PoolTarget, Settings
+from devbox.autoscaler.loop import Autoscaler, Snapshot
+from devbox.autoscaler.state import State, loads
+from devbox.boxes import Box, BoxSpec, BoxState
+from devbox.protocol import Activity
+
+T0 = 1_000_000.0
+S = Settings(
+    idle_timeout=600,
+    warning=60,
+    grace=120,
+    unhealthy_after=30,
+    unhealthy_release_after=300,
+    max_releases_per_pass=2,
+)
+
+
+def box(name: str = "b", **kw: object) -> Box:
+    base: dict[str, object] = {
+        "name": name,
+        "owner": "ann",
+        "backend": "local",
+        "spec": BoxSpec(gpus=1),
+        "state": BoxState.RUNNING,
+        "created_at": T0,
+    }
+    base.update(kw)
+    return Box(**base)  # type: ignore[arg-type]
+
+
+def act(last_input: float = T0, **kw: object) -> Activity:
+    a: dict[str, object] = {
+        "last_input": last_input,
+        "clients": 0,
+        "last_probe": 0.0,
+        "runs": 0,
+        "gpu_util": 0.0,
+        "cpu": 0.0,
+    }
+    a.update(kw)
+    return a  # type: ignore[return-value]
+
+
+def facts(b: Box, a: Activity | None, beat: float) -> policy.BoxFacts:
+    return policy.BoxFacts(key=b.name, box=b, activity=a, heartbeat_at=beat)
+
+
+def decide(
+    fs: list[policy.BoxFacts], now: float, memory: policy.Memory | None = None, s: Settings = S
+) -> policy.Decision:
+    mem = policy.observe(memory or {}, fs, s)
+    return policy.decide(fs, memory=mem, now=now, settings=s)
+
+
+def kinds(d: policy.Decision) -> list[str]:
+    return [type(a).__name__ for a in d.actions]
+
+
+def test_idle_box_is_warned_then_released_after_the_timeout() -> None:
+    b = box()
+    # Quiet, but not yet long enough for the warning (idle_timeout - warning = 540 s).
+    d = decide([facts(b, act(), T0 + 530)], T0 + 530)
+    assert kinds(d) == [] and d.verdicts[0].status == "idle"
+    d = decide([facts(b, act(), T0 + 545)], T0 + 545)
+    (warn,) = d.actions
+    assert isinstance(warn, policy.Warn) and warn.reason == "idle"
+    assert warn.release_at == T0 + 605  # the full warning: now + 60 beats idle + 600
+    warned = dataclasses.replace(b, release_at=warn.release_at, release_reason="idle")
+    d = decide([facts(warned, act(), T0 + 600)], T0 + 600)
+    assert kinds(d) == [] and d.verdicts[0].status == "warned"
+    d = decide([facts(warned, act(), T0 + 606)], T0 + 606)
+    (release,) = d.actions
+    assert isinstance(release, policy.Release) and release.reason == "idle"
+
+
+def test_on_time_warning_releases_exactly_at_the_idle_timeout() -> None:
+    (warn,) = decide([facts(box(), act(), T0 + 540)], T0 + 540).actions
+    assert isinstance(warn, policy.Warn) and warn.release_at == T0 + 600
+
+
+def test_late_warning_still_gives_the_full_lead_time() -> None:
+    # The autoscaler was away: the box has been idle for hours. It is warned, not released.
+    (warn,) = decide([facts(box(), act(), T0 + 9000)], T0 + 9000).actions
+    assert isinstance(warn, policy.Warn) and warn.release_at == T0 + 9060
+
+
+def test_use_after_the_warning_withdraws_it() -> None:
+    warned = box(release_at=T0 + 600, release_reason="idle")
+    d = decide([facts(warned, act(last_input=T0 + 580), T0 + 590)], T0 + 590)
+    (unwarn,) = d.actions
+    assert isinstance(unwarn, policy.Unwarn) and d.verdicts[0].status == "busy"
+
+
+def test_training_without_typing_is_never_released() -> None:
+    b, memory = box(), {}
+    for step in range(0, 20_000, 10):
+        now = T0 + step
+        fs = [facts(b, act(gpu_util=95.0), now)]
+        memory = policy.observe(memory, fs, S)
+        d = policy.decide(fs, memory=memory, now=now, settings=S)
+        assert d.actions == () and d.verdicts[0].status in ("new", "busy"), step
+
+
+def test_each_signal_alone_keeps_a_box() -> None:
+    now = T0 + 5000
+    cases = {
+        "clients": act(clients=1),
+        "runs": act(runs=1),
+        "gpu": act(gpu_util=50.0),
+        "cpu": act(cpu=150.0),
+        "probe": act(last_probe=now - 5),
+        "input": act(last_input=now - 5),
+    }
+    every = dataclasses.replace(S, signals=SIGNALS)
+    for name, a in cases.items():
+        d = decide([facts(box(), a, now)], now, s=every)
+        assert d.actions == () and d.verdicts[0].status == "busy", name
+        (sig,) = [s for s in d.verdicts[0].signals if s.name == name]
+        assert sig.active_now or sig.last_active >= now - 5
+    # Below the thresholds is quiet.
+    quiet = act(gpu_util=4.0, cpu=10.0)
+    assert kinds(decide([facts(box(), quiet, now)], now)) == ["Warn"]
+
+
+def test_an_idle_open_session_is_not_use_by_default() -> None:
+    now = T0 + 5000
+    assert kinds(decide([facts(box(), act(clients=2), now)], now)) == ["Warn"]
+
+
+def test_a_disabled_signal_does_not_count() -> None:
+    only_input = dataclasses.replace(S, signals=("input",))
+    now = T0 + 5000
+    d = decide([facts(box(), act(gpu_util=99.0), now)], now, s=only_input)
+    assert kinds(d) == ["Warn"]
+
+
+def test_memory_remembers_the_last_busy_moment_of_state_signals() -> None:
+    b = box()
+    mem = policy.observe({}, [facts(b, act(gpu_util=90.0), T0 + 1000)], S)
+    # Later reports say the GPU is quiet: idle counts from the last busy report.
+    later = [facts(b, act(), T0 + 1500)]
+    mem = policy.observe(mem, later, S)
+    d = policy.decide(later, memory=mem, now=T0 + 1500, settings=S)
+    assert d.verdicts[0].idle_since == T0 + 1000 and d.verdicts[0].status == "idle"
+    later = [facts(b, act(), T0 + 1545)]
+    d = policy.decide(later, memory=policy.observe(mem, later, S), now=T0 + 1545, settings=S)
+    assert kinds(d) == ["Warn"]
+    # Gone boxes are forgotten.
+    assert policy.observe(mem, [], S) == {}
+
+
+def test_new_boxes_have_a_grace_period() -> None:
+    b = box(created_at=T0)
+    s = dataclasses.replace(S, idle_timeout=100, warning=10)
+    d = decide([facts(b, act(last_input=T0 - 10_000), T0 + 100)], T0 + 100, s=s)
+    assert d.actions == () and d.verdicts[0].status == "new"
+    assert kinds(decide([facts(b, act(last_input=T0 - 10_000), T0 + 121)], T0 + 121, s=s)) == [
+        "Warn"
+    ]
+
+
+def test_keep_holds_until_its_time_then_the_box_is_warned() -> None:
+    kept = box(keep_until=T0 + 3000, release_at=T0 + 1000, release_reason="idle")
+    d = decide([facts(kept, act(), T0 + 2000)], T0 + 2000)
+    assert kinds(d) == ["Unwarn"] and d.verdicts[0].status == "kept"
+    held = dataclasses.replace(kept, release_at=0.0, release_reason="")
+    assert decide([facts(held, act(), T0 + 2999)], T0 + 2999).actions == ()
+    assert kinds(decide([facts(held, act(), T0 + 3001)], T0 + 3001)) == ["Warn"]
+
+
+def test_maximum_lifetime_warns_then_releases_even_a_busy_box() -> None:
+    s = dataclasses.replace(S, max_lifetime=1000)
+    busy = act(gpu_util=80.0)
+    (warn,) = decide([facts(box(), busy, T0 + 945)], T0 + 945, s=s).actions
+    assert isinstance(warn, policy.Warn) and warn.reason == "lifetime"
+    assert warn.release_at == T0 + 1005
+    warned = box(release_at=warn.release_at, release_reason="lifetime")
+    assert decide([facts(warned, busy, T0 + 1000)], T0 + 1000, s=s).actions == ()
+    (release,) = decide([facts(warned, busy, T0 + 1006)], T0 + 1006, s=s).actions
+    assert isinstance(release, policy.Release) and release.reason == "lifetime"
+
+
+def test_silent_agent_is_marked_then_released_after_a_longer_grace() -> None:
+    b = box()
+    now = T0 + 1000
+    d = decide([facts(b, act(runs=1), now - 20)], now)
+    assert d.actions == ()
+    d = decide([facts(b, act(runs=1), now - 40)], now)
+    (mark,) = d.actions
+    assert isinstance(mark, policy.MarkUnhealthy) and mark.since == now - 40
+    assert d.verdicts[0].status == "unhealthy"
+    marked = dataclasses.replace(b, unhealthy_since=now - 40)
+    assert decide([facts(marked, act(runs=1), now - 299)], now).actions == ()
+    (release,) = decide([facts(marked, act(runs=1), now - 301)], now).actions
+    assert isinstance(release, policy.Release) and release.reason == "unhealthy"
+    # Heartbeats again: the mark goes.
+    back = decide([facts(marked, act(runs=1), now - 1)], now)
+    assert kinds(back) == ["MarkHealthy"] and back.verdicts[0].status == "busy"
+    # An agent that never reported counts from the claim.
+    never = decide([facts(b, None, 0.0)], T0 + 31)
+    assert kinds(never) == ["MarkUnhealthy"]
+
+
+def test_releases_per_pass_are_capped_oldest_first() -> None:
+    now = T0 + 5000
+    fs = [
+        facts(box(f"b{i}", release_at=now - i, release_reason="idle"), act(), now) for i in range(5)
+    ]
+    d = decide(fs, now)
+    released = [a.box for a in d.actions if isinstance(a, policy.Release)]
+    assert released == ["b4", "b3"]
+    assert sorted(v.box for v in d.verdicts if v.status == "deferred") == ["b0", "b1", "b2"]
+
+
+def test_not_running_boxes_are_left_alone() -> None:
+    for state in (BoxState.PENDING, BoxState.RELEASING, BoxState.FAILED):
+        d = decide([facts(box(state=state), None, 0.0)], T0 + 99_999)
+        assert d.actions == () and d.verdicts[0].status == "not-running"
+
+
+def test_warm_pool_is_topped_up() -> None:
+    s = dataclasses.replace(
+        S, pools=(PoolTarget(profile="a", gpus=1, size=3), PoolTarget(profile="b", gpus=0, size=1))
+    )
+    d = policy.decide([], memory={}, now=T0, settings=s, warm={("a", 1): 1, ("b", 0): 4})
+    assert d.actions == (policy.CreateWarm("a", 1, 2),)
+
+
+class FakeWorld:
+    def __init__(self, facts: list[policy.BoxFacts], saved: str = "") -> None:
+        self.facts = facts
+        self.saved = saved
+        self.applied: list[policy.Action] = []
+
+    def snapshot(self) -> Snapshot:
+        return Snapshot(self.facts)
+
+    def apply(self, action: policy.Action) -> bool:
+        self.applied.append(action)
+        return True
+
+    def load_state(self) -> State:
+        return loads(self.saved)
+
+    def save_state(self, text: str) -> None:
+        self.saved = text
+
+
+def test_the_loop_persists_its_memory_so_a_restart_forgets_nothing() -> None:
+    b = box()
+    clock = [T0 + 1000.0]
+    world = FakeWorld([facts(b, act(gpu_util=90.0), T0 + 1000)])
+    Autoscaler(world, S, clock=lambda: clock[0]).reconcile()
+    # A new autoscaler process: the GPU went quiet meanwhile.
+    world.facts = [facts(b, act(), T0 + 1500)]
+    clock[0] = T0 + 1500
+    again = Autoscaler(world, S, clock=lambda: clock[0])
+    result = again.reconcile()
+    assert result.decision.verdicts[0].idle_since == T0 + 1000
+    assert world.applied == []
+    # A release is recorded for `devbox explain`.
+    world.facts = [facts(box(release_at=T0 + 1600, release_reason="idle"), act(), T0 + 1700)]
+    clock[0] = T0 + 1700
+    again.reconcile()
+    assert [type(a).__name__ for a in world.applied] == ["Release"]
+    released = loads(world.saved).last_release("b")
+    assert released is not None and released.reason == "idle" and released.at == T0 + 1700
+
+
+def test_metrics_exposition() -> None:
+    b = box(release_at=T0 + 100, release_reason="idle")
+    world = FakeWorld([facts(b, act(), T0 + 1000)])
+    scaler = Autoscaler(world, S, clock=lambda: T0 + 1000)
+    scaler.reconcile()
+    text = scaler.metrics.render()
+    assert 'devbox_releases_total{reason="idle"} 1' in text
+    assert 'devbox_boxes{status="releasing"} 1' in text
+    assert "devbox_claim_latency_seconds_count 0" in text
+    for line in text.splitlines():
+        assert line.startswith("#") or len(line.split()) == 2, line
