@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib
 import json
 import socket
 import sys
+import threading
 import time
 from collections.abc import Sequence
 
@@ -44,7 +46,7 @@ def _session(backend: Backend, box: Box, command: str | None, *, interactive: bo
     from devbox.ssh import openssh
 
     # Only where OpenSSH dials the box itself: through a ProxyCommand, a Kubernetes box
-    # would pay for a second Python process importing the Kubernetes client.
+    # would pay for a second Python process (`devbox proxy`) and a second port-forward.
     ssh = openssh.available() if box.backend == "local" else None
     if ssh is None:
         return _builtin(backend, box, command, interactive=interactive)
@@ -88,6 +90,13 @@ def up(args: argparse.Namespace) -> int:
     if args.name is not None:
         validate_name(args.name)
     backend = backend_for(args)
+    attach = not (args.no_attach or args.json) and sys.stdin.isatty() and sys.stdout.isatty()
+    if attach and backend.name != "local":
+        # The built-in SSH client will carry the session (see _session): its import
+        # (asyncssh, ~0.25 s) overlaps the claim's waits on the API server and the agent.
+        threading.Thread(
+            target=importlib.import_module, args=("devbox.ssh.client",), daemon=True
+        ).start()
     box = backend.claim(
         BoxSpec(gpus=args.gpus, profile=args.profile), name=args.name, port=args.port
     )
@@ -100,7 +109,7 @@ def up(args: argparse.Namespace) -> int:
             f"box {box.name} is up ({box.backend}{gpus}); `devbox ssh {box.name}` to enter",
             file=sys.stderr,
         )
-    if args.no_attach or args.json or not (sys.stdin.isatty() and sys.stdout.isatty()):
+    if not attach:
         return 0
     return _session(backend, box, None, interactive=True)
 

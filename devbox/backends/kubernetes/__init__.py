@@ -141,10 +141,11 @@ class KubernetesBackend:
                 raise UsageError(
                     f"a box named {name!r} already exists in namespace {c.namespace!r}"
                 )
-            self._ensure_homes()
             pod_name = self._claim_warm(spec, name, owner_key)
             created = pod_name is None
             if pod_name is None:
+                # A warm pod already mounts the homes volume; only a new pod may be its first.
+                self._ensure_homes()
                 pod_name = self._create(spec, name, owner_key)
             try:
                 box = self._wait_ready(
