@@ -46,7 +46,11 @@ PURE_DEPS = (
     "numpy",
 )
 # Libraries torch's .so files import symbols from without a version tag, by symbol prefix.
-UNVERSIONED = {"nccl": "libnccl.so.2", "cusparseLt": "libcusparseLt.so.0", "cuFile": "libcufile.so.0"}
+UNVERSIONED = {
+    "nccl": "libnccl.so.2",
+    "cusparseLt": "libcusparseLt.so.0",
+    "cuFile": "libcufile.so.0",
+}
 # The stub directory must be on the RPATH torch's libraries carry ($ORIGIN/../../nvidia/...).
 STUB_DIR = Path("nvidia/cu13/lib")
 NO_DEVICE = 100  # cudaErrorNoDevice: torch.cuda.is_available() is then simply False

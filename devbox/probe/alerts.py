@@ -65,4 +65,4 @@ def short(alerts: list[ProbeAlert]) -> str:
         return ""
     first = alerts[0]
     text = first["kind"] + (f":{first['layer']}" if first["layer"] else "")
-    return text + (f" (+{len(alerts) - 1})" if len(alerts) > 1 else "")
+    return text + (f"(+{len(alerts) - 1})" if len(alerts) > 1 else "")  # one word: ls splits

@@ -58,10 +58,12 @@ def _to_host(t: torch.Tensor) -> Host:
 
         return read
     copy = t.detach()
-    return copy.tolist
+    return lambda: copy.tolist()
 
 
-def select(model: torch.nn.Module, layers: Sequence[str] | None) -> list[tuple[str, torch.nn.Module]]:
+def select(
+    model: torch.nn.Module, layers: Sequence[str] | None
+) -> list[tuple[str, torch.nn.Module]]:
     """The modules to watch: every leaf module, or those whose name matches a pattern."""
     named = [(name, m) for name, m in model.named_modules() if name]
     if layers is None:
@@ -95,6 +97,7 @@ class Watcher:
             for _, m in self.modules
         ]
         self._param_owner = [(i, p) for i, ps in enumerate(self._layer_params) for p in ps]
+        self._has_params = torch.tensor([bool(ps) for ps in self._layer_params])
         self._model_params = {id(p) for p in model.parameters()}
         self.step = 0
         self.watching = False  # somebody subscribed (the agent says)
@@ -112,6 +115,7 @@ class Watcher:
         self._owned: dict[int, bool] = {}
         self._requests: collections.deque[ProbeRequest] = collections.deque()
         self._active: list[ProbeRequest] = []
+        self._tries: dict[int, int] = {}  # steps an activation request has waited
         self._broken = False
         self._handles: list[Any] = []
         self.link = Link(
@@ -135,7 +139,7 @@ class Watcher:
             register_optimizer_step_pre_hook,
         )
 
-        root = torch._dynamo.disable(self._guarded(self._begin))  # type: ignore[attr-defined]
+        root = torch._dynamo.disable(self._guarded(self._begin))
         self._handles.append(self.model.register_forward_pre_hook(lambda m, a: root()))
         for i, (_, module) in enumerate(self.modules):
             self._handles.append(module.register_forward_hook(self._layer_hook(i)))
@@ -185,9 +189,7 @@ class Watcher:
         self._due = self.step % self.every == 0
         while self._requests:
             self._active.append(self._requests.popleft())
-        self._keep = {
-            self._index[r["layer"]] for r in self._active if r["tensor"] == "activation"
-        }
+        self._keep = {self._index[r["layer"]] for r in self._active if r["tensor"] == "activation"}
         self._observing = connected and (
             (self.watching and self._due) or self._force or bool(self._active)
         )
@@ -216,13 +218,13 @@ class Watcher:
             # Every step while watched (at report steps otherwise): is any gradient
             # NaN/Inf? One fused norm; the link thread reads the answer.
             if grads and (self.watching or self._due):
-                total = torch.stack(torch._foreach_norm(grads)).sum()  # type: ignore[arg-type]
+                total = torch.stack(torch._foreach_norm(grads)).sum()
                 self._submit_check(_to_host(total.reshape(1)), self.step)
             return
         device = self._device()
         owner = torch.tensor([i for i, _ in with_grad], device=device, dtype=torch.long)
         layers = len(self.names)
-        grad_norm, grad_bad = stats.per_layer_norms(grads, owner, layers)  # type: ignore[arg-type]
+        grad_norm, grad_bad = stats.per_layer_norms(grads, owner, layers)
         params = [p.detach() for _, p in self._param_owner]
         all_owner = torch.tensor([i for i, _ in self._param_owner], device=device, dtype=torch.long)
         weight_norm, _ = stats.per_layer_norms(params, all_owner, layers)
@@ -230,7 +232,8 @@ class Watcher:
         has_grad[[i for i, _ in with_grad]] = True
         nan = torch.full((layers,), math.nan, device=device)
         grad_norm = torch.where(has_grad.to(device), grad_norm, nan)
-        self._before = torch._foreach_mul(params, 1.0)  # type: ignore[attr-defined]
+        weight_norm = torch.where(self._has_params.to(device), weight_norm, nan)
+        self._before = torch._foreach_mul(params, 1.0)
         self._before_norms = weight_norm
         self._params_part = torch.stack([grad_norm, grad_bad, weight_norm, nan], 1)
         self._answer_parameter_requests()
@@ -240,7 +243,7 @@ class Watcher:
             return
         if self._before is not None and self._params_part is not None:
             params = [p.detach() for _, p in self._param_owner]
-            diffs = torch._foreach_sub(params, self._before)  # type: ignore[attr-defined]
+            diffs = torch._foreach_sub(params, self._before)
             owner = torch.tensor(
                 [i for i, _ in self._param_owner], device=self._device(), dtype=torch.long
             )
@@ -335,12 +338,16 @@ class Watcher:
         elif frame.type == protocol.PROBE_REQUEST:
             request: ProbeRequest = frame.body  # type: ignore[assignment]
             error = self._check_request(request)
-            if error is not None:
-                reply: ProbeReply = {"id": int(request.get("id", 0)), "pid": os.getpid()}  # type: ignore[typeddict-item]
-                reply["step"], reply["error"] = self.step, error
-                self.link.submit(lambda: [protocol.encode(protocol.PROBE_REPLY, **reply)])
-            else:
+            if error is None:
                 self._requests.append(request)
+                return
+            reply: ProbeReply = {
+                "id": int(request.get("id", 0)),
+                "pid": os.getpid(),
+                "step": self.step,
+                "error": error,
+            }
+            self.link.submit(lambda: [protocol.encode(protocol.PROBE_REPLY, **reply)])
 
     def _check_request(self, r: ProbeRequest) -> str | None:
         if not isinstance(r.get("id"), int):
@@ -386,10 +393,10 @@ class Watcher:
         if self._stepper is None:
             self._answer_parameter_requests()
         for r in [r for r in self._active if r["tensor"] == "activation"]:
-            r.setdefault("tries", 0)  # type: ignore[typeddict-unknown-key]
-            r["tries"] += 1  # type: ignore[typeddict-item]
-            if r["tries"] > 3:  # type: ignore[typeddict-item]
+            self._tries[r["id"]] = tries = self._tries.get(r["id"], 0) + 1
+            if tries > 3:
                 self._active.remove(r)
+                del self._tries[r["id"]]
                 self._reply_error(r, f"layer {r['layer']} did not run in the last 3 steps")
 
     def _reply_error(self, r: ProbeRequest, message: str) -> None:

@@ -26,7 +26,7 @@ def test_up_ls_ssh_down(user: User) -> None:
     assert _ls(user)["alpha"]["state"] == "running"
 
     table = user.devbox("ls", check=True).stdout.decode().splitlines()
-    assert table[0].split() == ["NAME", "BACKEND", "STATE", "GPUS", "AGE", "IDLE", "KEPT"]
+    assert table[0].split() == ["NAME", "BACKEND", "STATE", "GPUS", "AGE", "IDLE", "KEPT", "ALERTS"]
     assert table[1].split()[:4] == ["alpha", "local", "running", "0"]
 
     hello = user.devbox("ssh", "alpha", "--", "echo", "hello", "$DEVBOX_BOX", check=True)

@@ -96,6 +96,7 @@ class LocalBackend:
     # --- inspect --------------------------------------------------------------------
 
     def _with_live_state(self, box: Box) -> Box:
+        box = self._with_alerts(box)
         alive = self.store.agent_alive(box.name)
         last_input, _clients = self.store.activity(box.name)
         if alive:
@@ -115,6 +116,15 @@ class LocalBackend:
             last_activity=last_input,
             reason="agent is not running (GPUs freed); `devbox down` it",
         )
+
+    def _with_alerts(self, box: Box) -> Box:
+        """The probe's model alerts, as one short cell (extra["alerts"]) for `devbox ls`."""
+        from devbox.probe.alerts import short
+
+        alerts = self.store.alerts(box.name)
+        if not alerts:
+            return box
+        return dataclasses.replace(box, extra={**box.extra, "alerts": short(alerts)})  # type: ignore[arg-type]
 
     def keep(self, name: str, *, until: float) -> Box:
         self.get(name)  # a clear error for a bad or unknown name
