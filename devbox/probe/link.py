@@ -92,6 +92,9 @@ class Link:
                 log.debug("probe link to %s lost: %s", path, exc)
             finally:
                 self.connected = False
+                # Nobody watches through a link that is gone; a new agent says otherwise.
+                with contextlib.suppress(Exception):
+                    self._on_frame(protocol.Frame(protocol.PROBE_CONTROL, {"watching": False}))
                 with contextlib.suppress(OSError):
                     sock.close()
                 self._drain()
