@@ -1,5 +1,5 @@
 """One box: per-GPU charts over the recent history, the processes on its GPUs and in the
-box, and its host figures. The model screen (step 5) will open from here."""
+box, and its host figures. The model screen (m) opens from here."""
 
 from __future__ import annotations
 
@@ -66,6 +66,7 @@ class BoxScreen(AppScreen):
         Binding("s", "enter_box", "Shell"),
         Binding("ctrl+d", "release", "Release"),
         Binding("K", "keep", "Keep 4h"),
+        Binding("m", "model", "Model"),
     ]
 
     def __init__(self, name: str) -> None:
@@ -185,3 +186,6 @@ class BoxScreen(AppScreen):
 
     def action_keep(self) -> None:
         self.devbox.keep_box(self.box_name)
+
+    def action_model(self) -> None:
+        self.devbox.open_model(self.box_name)
