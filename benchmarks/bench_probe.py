@@ -1,15 +1,16 @@
 """What devbox.probe costs a training loop, against no probe and against wandb.watch.
 
-One process, one model, interleaved rounds (so drift hits every variant alike): step time
-with no probe, with the probe reporting every step (every step observed) and every 50, and
-with wandb.watch(model, log="all", log_freq=same) in offline mode. The probe reports to an
-in-process stand-in for the agent that says "watching" and reads every frame, so it does its
-full work. Then torch.compile: the probe on a compiled model, counting graphs compiled after
-warm-up (it must be none).
+One process, one model, interleaved rounds compared pairwise (drift hits all variants
+alike): step time with no probe, with the probe reporting every step (every step observed)
+and every 50, and with wandb.watch(model, log="all", log_freq=same) in offline mode. The
+probe reports to an in-process stand-in for the agent that says "watching" and reads every
+frame, so it does its full work. Then torch.compile: the probe on a compiled model,
+counting graphs compiled after warm-up (it must be none).
 
-    python benchmarks/bench_probe.py [--steps 200] [--rounds 3] [--device cpu|cuda]
+    python benchmarks/bench_probe.py [--steps 100] [--rounds 9] [--device cpu|cuda]
 
-Prints JSON: median ms per step for each variant, overhead ratios, probe/wandb ratios.
+Prints JSON: ms per step for each variant, and overhead and probe/wandb ratios, each the
+median over rounds of the ratio within a round.
 """
 
 from __future__ import annotations
@@ -123,55 +124,69 @@ def measure(args: argparse.Namespace, path: str) -> dict[str, Any]:
     time.sleep(2.0)
     loop.steps(args.warmup)
     every = args.every
-    variants = ["none", "probe_every_1", f"probe_every_{every}", f"wandb_every_{every}"]
-    samples: dict[str, list[float]] = {v: [] for v in variants}
-    observed: list[float] = []  # the probe's observed steps at every=N
-    wandb_1: list[float] = []  # wandb at log_freq=1, against probe every=1
+    variants = [
+        "none",
+        "probe_every_1",
+        f"probe_every_{every}",
+        "wandb_every_1",
+        f"wandb_every_{every}",
+    ]
+    # Per round, each variant's median step; compared within the round (paired), so that a
+    # neighbour's load on a shared machine hits the numerator and denominator alike.
+    rounds: list[dict[str, float]] = []
     for _ in range(args.rounds):
-        for variant in [*variants, "wandb_every_1"]:
+        medians: dict[str, float] = {}
+        for variant in variants:
             watcher = None
+            n = int(variant.rsplit("_", 1)[1]) if variant != "none" else 0
             if variant.startswith("probe"):
-                n = int(variant.rsplit("_", 1)[1])
                 watcher = probe.watch(model, every=n, find_socket=lambda: path)
                 _wait_connected(watcher)
                 loop.steps(2)  # the first report pays one-time costs (pinned buffers)
-            elif variant.startswith("wandb"):
-                n = int(variant.rsplit("_", 1)[1])
-                wandb.watch(model, log="all", log_freq=n)
-            # Whole multiples of `every`, starting at an observed step.
-            count = max(every, args.steps // every * every)
-            if watcher is not None:
                 while watcher.step % every:
-                    loop.steps(1)
-            times = loop.steps(count)
+                    loop.steps(1)  # start at an observed step
+            elif variant.startswith("wandb"):
+                wandb.watch(model, log="all", log_freq=n)
+            times = loop.steps(max(every, args.steps // every * every))
             if watcher is not None:
-                if variant == f"probe_every_{every}":
-                    observed += times[::every]
-                    times = [t for i, t in enumerate(times) if i % every]
                 watcher.close()
             elif variant.startswith("wandb"):
                 wandb.unwatch(model)
-            (wandb_1 if variant == "wandb_every_1" else samples[variant]).extend(times)
+            if variant == f"probe_every_{every}":
+                medians[f"probe_every_{every}_observed_steps"] = statistics.median(times[::every])
+                rest = [t for i, t in enumerate(times) if i % every]
+                medians[f"probe_every_{every}_unobserved_steps"] = statistics.median(rest)
+                # The mean, not the median: one step in `every` is the expensive one.
+                medians[variant] = statistics.fmean(times)
+            elif variant == f"wandb_every_{every}":
+                medians[variant] = statistics.fmean(times)
+            else:
+                medians[variant] = statistics.median(times)
+        rounds.append(medians)
     run.finish()
-    ms = {v: 1e3 * statistics.median(s) for v, s in samples.items()}
-    ms["wandb_every_1"] = 1e3 * statistics.median(wandb_1)
-    ms[f"probe_every_{every}_observed_steps"] = 1e3 * statistics.median(observed)
-    unobserved = ms[f"probe_every_{every}"]
-    amortised = (unobserved * (every - 1) + ms[f"probe_every_{every}_observed_steps"]) / every
-    base = ms["none"]
+
+    def ratio(a: str, b: str) -> float:
+        return round(statistics.median(r[a] / r[b] for r in rounds), 4)
+
+    keys = list(rounds[0])
     return {
-        "ms_per_step_median": {k: round(v, 3) for k, v in ms.items()},
+        "ms_per_step_median_of_rounds": {
+            k: round(1e3 * statistics.median(r[k] for r in rounds), 3) for k in keys
+        },
         "overhead_vs_none": {
-            f"probe_every_{every}_amortised": round(amortised / base - 1, 4),
-            f"probe_every_{every}_unobserved_steps": round(unobserved / base - 1, 4),
-            "probe_observed_steps (every=1)": round(ms["probe_every_1"] / base - 1, 4),
-            f"wandb_every_{every}": round(ms[f"wandb_every_{every}"] / base - 1, 4),
-            "wandb_every_1": round(ms["wandb_every_1"] / base - 1, 4),
+            f"probe_every_{every}_mean_step": round(ratio(f"probe_every_{every}", "none") - 1, 4),
+            f"probe_every_{every}_unobserved_steps": round(
+                ratio(f"probe_every_{every}_unobserved_steps", "none") - 1, 4
+            ),
+            "probe_observed_steps (every=1)": round(ratio("probe_every_1", "none") - 1, 4),
+            f"wandb_every_{every}_mean_step": round(ratio(f"wandb_every_{every}", "none") - 1, 4),
+            "wandb_every_1": round(ratio("wandb_every_1", "none") - 1, 4),
         },
         "probe_over_wandb": {
-            f"every_{every}": round(amortised / ms[f"wandb_every_{every}"], 4),
-            "every_1": round(ms["probe_every_1"] / ms["wandb_every_1"], 4),
+            f"every_{every}": ratio(f"probe_every_{every}", f"wandb_every_{every}"),
+            "every_1": ratio("probe_every_1", "wandb_every_1"),
         },
+        "rounds": len(rounds),
     }
 
 
@@ -201,8 +216,8 @@ def compiled(args: argparse.Namespace, path: str) -> dict[str, Any]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--steps", type=int, default=200, help="steps per variant per round")
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--steps", type=int, default=100, help="steps per variant per round")
+    p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--every", type=int, default=50)
     p.add_argument("--width", type=int, default=512)

@@ -75,3 +75,40 @@ def test_tui_benchmark() -> None:
         assert tui["key_latency_ms"][key] >= tui["key_handled_ms"][key] >= 0
     assert tui["key_latency_ms"]["n"] > 0 and tui["frames_per_s"] > 0
     assert result["tui_over_floor"] is None or result["tui_over_floor"] > 0
+
+
+def test_probe_benchmark() -> None:
+    from tests.probe import require_torch
+
+    require_torch()
+    result = _run(
+        "bench_probe.py",
+        "--steps",
+        "10",
+        "--rounds",
+        "1",
+        "--every",
+        "5",
+        "--warmup",
+        "2",
+        "--width",
+        "32",
+        "--depth",
+        "2",
+        "--compile-every",
+        "2",
+    )
+    ms = result["ms_per_step_median_of_rounds"]
+    assert set(ms) == {
+        "none",
+        "probe_every_1",
+        "probe_every_5",
+        "probe_every_5_observed_steps",
+        "probe_every_5_unobserved_steps",
+        "wandb_every_1",
+        "wandb_every_5",
+    }
+    assert all(v > 0 for v in ms.values())
+    assert set(result["probe_over_wandb"]) == {"every_5", "every_1"}
+    assert result["compile"]["graphs_at_warmup"] >= 1
+    assert result["compile"]["graphs_compiled_after_warmup"] >= 0
