@@ -91,6 +91,8 @@ class ProbeHub:
         # hub request id -> (subscriber, the subscriber's own id)
         self._waiting: dict[int, tuple[Subscriber, int]] = {}
         self._server: asyncio.AbstractServer | None = None
+        # Told of every change of `alerts`; in a pod, agent.incluster annotates the pod.
+        self.on_alerts: Callable[[list[ProbeAlert]], None] | None = None
 
     # --- the socket training processes use --------------------------------------------
 
@@ -193,6 +195,8 @@ class ProbeHub:
             changed = True
         if changed:
             self._write_alerts()
+            if self.on_alerts is not None:
+                self.on_alerts(list(self.alerts))
 
     def _write_alerts(self) -> None:
         if self._alerts_file is None:

@@ -31,25 +31,26 @@ def _bad(s: LayerStats) -> str:
     return ", ".join(parts) or "0"
 
 
+def layer_cells(s: LayerStats) -> list[str]:
+    """A layer's statistics as text cells, in HEAD's order after the name."""
+    return [
+        num(s["act_mean"]),
+        num(s["act_std"]),
+        num(s["act_absmax"]),
+        frac(s["act_zeros"]),
+        frac(s["act_dead"]),
+        _bad(s),
+        num(s["grad_norm"]),
+        num(s["weight_norm"]),
+        num(s["update_ratio"]),
+    ]
+
+
+HEAD = ["MEAN", "STD", "ABSMAX", "ZEROS", "DEAD", "NAN/INF", "GRAD NORM", "WEIGHT", "UPDATE/W"]
+
+
 def layer_rows(layers: list[LayerStats]) -> list[list[str]]:
-    head = ["LAYER", "MEAN", "STD", "ABSMAX", "ZEROS", "DEAD", "NAN/INF"]
-    rows = [[*head, "GRAD NORM", "WEIGHT NORM", "UPDATE/W"]]
-    for s in layers:
-        rows.append(
-            [
-                s["name"],
-                num(s["act_mean"]),
-                num(s["act_std"]),
-                num(s["act_absmax"]),
-                frac(s["act_zeros"]),
-                frac(s["act_dead"]),
-                _bad(s),
-                num(s["grad_norm"]),
-                num(s["weight_norm"]),
-                num(s["update_ratio"]),
-            ]
-        )
-    return rows
+    return [["LAYER", *HEAD]] + [[s["name"], *layer_cells(s)] for s in layers]
 
 
 def alert_lines(alerts: list[ProbeAlert]) -> list[str]:

@@ -248,7 +248,18 @@ ANN_OWNER_ACK = "devbox.io/owner-ack"  # written by the agent: fingerprint of th
 ANN_LAST_INPUT = "devbox.io/last-input"  # on the box's Lease: activity, as unix seconds
 ANN_CLIENTS = "devbox.io/clients"
 ANN_KEEP_UNTIL = "devbox.io/keep-until"  # written by `devbox keep`: unix seconds
+ANN_ALERTS = "devbox.io/alerts"  # written by the agent: devbox.probe's alerts, alerts_cell()
 SSH_PORT = 2222  # the agent's port inside a pod; reached only through port-forward
+
+
+def alerts_cell(alerts: list[ProbeAlert]) -> str:
+    """Model alerts as one word for `devbox ls`: the first as kind:layer, and how many more
+    ("nan:fc2(+3)"); "" when there are none."""
+    if not alerts:
+        return ""
+    first = alerts[0]
+    text = first["kind"] + (f":{first['layer']}" if first["layer"] else "")
+    return text + (f"(+{len(alerts) - 1})" if len(alerts) > 1 else "")
 
 
 def fingerprint(public_line: str) -> str:

@@ -150,24 +150,39 @@ class DevboxApp(App[None]):
                 )
 
     async def _stream(self, box: Box) -> None:
-        """Follow one box's telemetry for as long as the box lives; reconnect on loss."""
+        """Follow one box's telemetry for as long as the box lives."""
+        # Looked up at each call, not bound once: tests swap the store's methods.
+        await self._follow(
+            box,
+            lambda b: self.feed.stream(b, rate=self.rate),
+            lambda name, frame: self.store.frame(name, frame),
+            lambda name, state: self.store.link(name, state),
+        )
+
+    async def _follow(
+        self,
+        box: Box,
+        frames_of: Callable[[Box], AsyncIterator[Any]],
+        on_frame: Callable[[str, Any], None],
+        on_link: Callable[[str, str], None],
+    ) -> None:
+        """Follow one of a box's streams until cancelled; reconnect on loss."""
         attempt = 0
         while True:
-            self.store.link(box.name, "connecting")
+            on_link(box.name, "connecting")
             view = self.store.views.get(box.name)
             if view is not None:
                 box = view.box  # the newest record: an agent restarted elsewhere has moved
             try:
-                frames: AsyncIterator[object] = self.feed.stream(box, rate=self.rate)
-                async for frame in frames:
-                    self.store.frame(box.name, frame)  # type: ignore[arg-type]
+                async for frame in frames_of(box):
+                    on_frame(box.name, frame)
                     attempt = 0
                 reason = "the stream ended"
             except DevboxError as exc:
                 reason = exc.message
             except (OSError, EOFError, ConnectionError) as exc:
                 reason = str(exc) or type(exc).__name__
-            self.store.link(box.name, f"lost: {reason}")
+            on_link(box.name, f"lost: {reason}")
             await asyncio.sleep(BACKOFF[min(attempt, len(BACKOFF) - 1)])
             attempt += 1
 
@@ -193,25 +208,16 @@ class DevboxApp(App[None]):
             worker.cancel()
 
     async def _probe(self, box: Box) -> None:
-        attempt = 0
-        while True:
-            self.store.probe_link(box.name, "connecting")
+        async def frames_of(box: Box) -> AsyncIterator[Any]:
             outbox: asyncio.Queue[Any] = asyncio.Queue()
             asker = asyncio.ensure_future(self._ask_histograms(box.name, outbox))
             try:
                 async for frame in self.feed.probe(box, outbox=outbox):
-                    self.store.probe_frame(box.name, frame)
-                    attempt = 0
-                reason = "the stream ended"
-            except DevboxError as exc:
-                reason = exc.message
-            except (OSError, EOFError, ConnectionError) as exc:
-                reason = str(exc) or type(exc).__name__
+                    yield frame
             finally:
                 asker.cancel()
-            self.store.probe_link(box.name, f"lost: {reason}")
-            await asyncio.sleep(BACKOFF[min(attempt, len(BACKOFF) - 1)])
-            attempt += 1
+
+        await self._follow(box, frames_of, self.store.probe_frame, self.store.probe_link)
 
     async def _ask_histograms(self, name: str, outbox: asyncio.Queue[Any]) -> None:
         """The selected layer's activation histogram, every HISTOGRAM_INTERVAL seconds."""

@@ -19,7 +19,7 @@ import sys
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Protocol
+from typing import Any, Protocol
 
 from devbox import protocol
 from devbox.backends.base import Backend
@@ -70,15 +70,20 @@ class BackendFeed:
     async def boxes(self) -> builtins.list[Box]:
         return await asyncio.to_thread(self.backend.list)
 
-    async def stream(self, box: Box, *, rate: float) -> AsyncIterator[protocol.Frame]:
-        from devbox.ssh import client, telemetry
+    async def _connect(self, box: Box) -> Any:
+        from devbox.ssh import client
 
         try:
             sock = await asyncio.to_thread(self.backend.open_socket, box)
         except OSError as exc:
             raise DevboxError(f"cannot reach box {box.name}: {exc.strerror or exc}") from None
         sock.settimeout(None)
-        conn = await client.connect(box, sock)
+        return await client.connect(box, sock)
+
+    async def stream(self, box: Box, *, rate: float) -> AsyncIterator[protocol.Frame]:
+        from devbox.ssh import telemetry
+
+        conn = await self._connect(box)
         try:
             async for frame in telemetry.frames(conn, box.name, rate=rate, history=True):
                 yield frame
@@ -107,15 +112,9 @@ class BackendFeed:
     async def probe(
         self, box: Box, *, outbox: asyncio.Queue[ProbeRequest]
     ) -> AsyncIterator[protocol.Frame]:
-        from devbox.ssh import client
         from devbox.ssh import probe as probe_stream
 
-        try:
-            sock = await asyncio.to_thread(self.backend.open_socket, box)
-        except OSError as exc:
-            raise DevboxError(f"cannot reach box {box.name}: {exc.strerror or exc}") from None
-        sock.settimeout(None)
-        conn = await client.connect(box, sock)
+        conn = await self._connect(box)
         try:
             async for frame in probe_stream.frames(conn, box.name, outbox=outbox):
                 yield frame

@@ -8,9 +8,9 @@ sends, per layer, the output's mean, std, abs max, zero and dead-unit fractions 
 counts, the parameters' gradient and weight norms and the update/weight ratio of the
 optimizer step, to the box's agent; it answers requests for a layer's histogram, a tensor's
 summary or a saved copy at the next step; and it raises alerts (NaN/Inf, exploding or
-vanishing gradients, dead units). While nobody watches it only checks, at report steps,
-that the gradients are finite. It never raises into training: with no agent, or a dead
-one, it goes quiet and reconnects.
+vanishing gradients, dead units); between reports it checks at every step that the model's
+output is finite. While nobody watches it only does that check, at report steps. It never
+raises into training: with no agent, or a dead one, it goes quiet and reconnects.
 
 `import devbox.probe` does not import torch; `watch` does, and says so when it is missing.
 """

@@ -48,21 +48,12 @@ def evaluate(layers: list[LayerStats], *, step: int, limits: Thresholds) -> list
     return alerts
 
 
-def nonfinite_gradients(*, step: int) -> ProbeAlert:
-    """The per-step check (the sum of all gradient norms) found NaN or Inf: the next
+def nonfinite_output(*, step: int) -> ProbeAlert:
+    """The per-step check (the sum of the model's output) found NaN or Inf: the next
     observed step says which layer."""
     return {
         "kind": "nan",
         "layer": "",
         "step": step,
-        "message": f"NaN or Inf in the gradients at step {step}",
+        "message": f"NaN or Inf in the model's output at step {step}",
     }
-
-
-def short(alerts: list[ProbeAlert]) -> str:
-    """One cell for `devbox ls`: the first alert as kind:layer, and how many more."""
-    if not alerts:
-        return ""
-    first = alerts[0]
-    text = first["kind"] + (f":{first['layer']}" if first["layer"] else "")
-    return text + (f"(+{len(alerts) - 1})" if len(alerts) > 1 else "")  # one word: ls splits

@@ -69,6 +69,9 @@ class Link:
         self._stop.set()
 
     def submit(self, job: Job) -> None:
+        if not self.connected:  # a report made as the link dropped: nobody to send it to
+            self.dropped += 1
+            return
         try:
             self._jobs.put_nowait(job)
         except queue.Full:

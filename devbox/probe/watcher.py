@@ -97,7 +97,7 @@ class Watcher:
             for _, m in self.modules
         ]
         self._param_owner = [(i, p) for i, ps in enumerate(self._layer_params) for p in ps]
-        self._has_params = torch.tensor([bool(ps) for ps in self._layer_params])
+        self._consts: dict[tuple[Any, ...], torch.Tensor] = {}
         self._model_params = {id(p) for p in model.parameters()}
         self.step = 0
         self.watching = False  # somebody subscribed (the agent says)
@@ -141,6 +141,9 @@ class Watcher:
 
         root = torch._dynamo.disable(self._guarded(self._begin))
         self._handles.append(self.model.register_forward_pre_hook(lambda m, a: root()))
+        # Outside a compiled graph too: at most a graph break after the model's last op.
+        check = torch._dynamo.disable(self._guarded(self._check_output))
+        self._handles.append(self.model.register_forward_hook(lambda m, a, out: check(out)))
         for i, (_, module) in enumerate(self.modules):
             self._handles.append(module.register_forward_hook(self._layer_hook(i)))
         pre, post = self._guarded(self._pre_step), self._guarded(self._post_step)
@@ -196,6 +199,21 @@ class Watcher:
         self._force = False
         self._acts, self._kept = [], {}
 
+    def _check_output(self, out: Any) -> None:
+        """Every step while watched (at report steps otherwise), unless the step is observed
+        anyway: is the model's output finite? NaN/Inf anywhere upstream reaches it (a NaN
+        born in the backward pass does at the next step, through the weights). One small
+        reduction; the link thread reads the answer."""
+        if self._observing or not self.model.training or not self.link.connected:
+            return
+        if not (self.watching or self._due):
+            return
+        if not isinstance(out, torch.Tensor):
+            out = next((o for o in _flat(out) if isinstance(o, torch.Tensor)), None)
+        if out is not None and out.is_floating_point():
+            total = out.detach().sum(dtype=torch.float32)
+            self._submit_check(_to_host(total.reshape(1)), self.step)
+
     def _owns(self, optimizer: torch.optim.Optimizer) -> bool:
         key = id(optimizer)
         if key not in self._owned:
@@ -212,27 +230,23 @@ class Watcher:
             return  # a second optimizer of the same model: the first one counts steps
         if not self.link.connected:
             return
+        if not self._observing:
+            return
         with_grad = [(i, p) for i, p in self._param_owner if p.grad is not None]
         grads = [p.grad for _, p in with_grad]
-        if not self._observing:
-            # Every step while watched (at report steps otherwise): is any gradient
-            # NaN/Inf? One fused norm; the link thread reads the answer.
-            if grads and (self.watching or self._due):
-                total = torch.stack(torch._foreach_norm(grads)).sum()
-                self._submit_check(_to_host(total.reshape(1)), self.step)
-            return
         device = self._device()
-        owner = torch.tensor([i for i, _ in with_grad], device=device, dtype=torch.long)
+        owner = self._const("owner", tuple(i for i, _ in with_grad), torch.long)
         layers = len(self.names)
         grad_norm, grad_bad = stats.per_layer_norms(grads, owner, layers)
         params = [p.detach() for _, p in self._param_owner]
-        all_owner = torch.tensor([i for i, _ in self._param_owner], device=device, dtype=torch.long)
+        all_owner = self._const("owner", tuple(i for i, _ in self._param_owner), torch.long)
         weight_norm, _ = stats.per_layer_norms(params, all_owner, layers)
-        has_grad = torch.zeros(layers, dtype=torch.bool)
-        has_grad[[i for i, _ in with_grad]] = True
+        owners = {i for i, _ in with_grad}
+        has_grad = self._const("mask", tuple(i in owners for i in range(layers)), torch.bool)
+        has_params = self._const("mask", tuple(bool(ps) for ps in self._layer_params), torch.bool)
         nan = torch.full((layers,), math.nan, device=device)
-        grad_norm = torch.where(has_grad.to(device), grad_norm, nan)
-        weight_norm = torch.where(self._has_params.to(device), weight_norm, nan)
+        grad_norm = torch.where(has_grad, grad_norm, nan)
+        weight_norm = torch.where(has_params, weight_norm, nan)
         self._before = torch._foreach_mul(params, 1.0)
         self._before_norms = weight_norm
         self._params_part = torch.stack([grad_norm, grad_bad, weight_norm, nan], 1)
@@ -243,10 +257,9 @@ class Watcher:
             return
         if self._before is not None and self._params_part is not None:
             params = [p.detach() for _, p in self._param_owner]
-            diffs = torch._foreach_sub(params, self._before)
-            owner = torch.tensor(
-                [i for i, _ in self._param_owner], device=self._device(), dtype=torch.long
-            )
+            torch._foreach_sub_(self._before, params)  # in place: no second copy
+            diffs = self._before
+            owner = self._const("owner", tuple(i for i, _ in self._param_owner), torch.long)
             moved, _ = stats.per_layer_norms(diffs, owner, len(self.names))
             assert self._before_norms is not None
             ratio = moved / self._before_norms  # 0/0 (no weights): NaN, sent as null
@@ -267,7 +280,7 @@ class Watcher:
         layers = len(self.names)
         act = torch.full((layers, stats.ACT), math.nan, device=device)
         if self._acts:
-            rows = torch.tensor([i for i, _ in self._acts], device=device, dtype=torch.long)
+            rows = self._const("owner", tuple(i for i, _ in self._acts), torch.long)
             act[rows] = torch.stack([v.to(device, non_blocking=True) for _, v in self._acts])
         part = self._params_part
         if part is None:
@@ -278,6 +291,15 @@ class Watcher:
         self._answer_activation_requests(step)
         self._submit_report(step, _to_host(matrix))
         self._answer_leftover_requests(step)
+
+    def _const(self, kind: str, values: tuple[Any, ...], dtype: torch.dtype) -> torch.Tensor:
+        """A small constant tensor on the model's device, made once per distinct value: a
+        fresh torch.tensor(..., device="cuda") copies from pageable memory and waits for
+        the whole stream, a host sync on every observed step."""
+        key = (kind, values)
+        if key not in self._consts:
+            self._consts[key] = torch.tensor(values, dtype=dtype, device=self._device())
+        return self._consts[key]
 
     def _device(self) -> torch.device:
         for _, p in self._param_owner:
@@ -312,7 +334,7 @@ class Watcher:
             if math.isfinite(value):
                 return []
             self._force = True  # the next step says which layer
-            return [self._stats_frame(step, [alert_policy.nonfinite_gradients(step=step)])]
+            return [self._stats_frame(step, [alert_policy.nonfinite_output(step=step)])]
 
         self.link.submit(job)
 

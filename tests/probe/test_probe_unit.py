@@ -67,12 +67,12 @@ def test_alert_thresholds_are_settable() -> None:
     assert [a["kind"] for a in alerts.evaluate([_layer(grad_norm=11.0)], step=0, limits=limits)]
 
 
-def test_short_alert_cell() -> None:
-    assert alerts.short([]) == ""
-    one = alerts.nonfinite_gradients(step=3)
-    assert alerts.short([one]) == "nan"
+def test_the_alerts_cell_of_devbox_ls() -> None:
+    assert protocol.alerts_cell([]) == ""
+    one = alerts.nonfinite_output(step=3)
+    assert protocol.alerts_cell([one]) == "nan"
     layer = alerts.evaluate([_layer(act_inf=1)], step=1, limits=alerts.Thresholds())[0]
-    assert alerts.short([layer, one, one]) == "inf:fc(+2)"
+    assert protocol.alerts_cell([layer, one, one]) == "inf:fc(+2)"
 
 
 def test_activation_statistics_match_plain_torch() -> None:

@@ -11,12 +11,13 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.widgets import DataTable, Footer, Header, Label, Static
 
-from devbox.probeview import frac, num
+from devbox.probeview import HEAD, layer_cells, num
 from tui.feed import ModelView, Store
 from tui.screens.base import AppScreen
 from tui.widgets.text import spark
 
-COLUMNS = ("PID", "LAYER", "MEAN", "STD", "ABSMAX", "ZEROS", "DEAD", "NAN/INF")
+# probeview's columns, with the gradient norm's history after its value
+COLUMNS = ("PID", "LAYER", *HEAD[:7], "GRAD HISTORY", *HEAD[7:])
 SHADES = " ░▒▓█"
 
 
@@ -52,7 +53,7 @@ class ModelScreen(AppScreen):
         self.ready = True
         self.title = f"model in box {self.box_name}"
         table = self.query_one("#layers", DataTable)
-        table.add_columns(*COLUMNS, "GRAD NORM", "GRAD HISTORY", "WEIGHT", "UPDATE/W")
+        table.add_columns(*COLUMNS)
         self.show(self.devbox.store, {self.box_name}, relist=True)
 
     def on_unmount(self) -> None:
@@ -96,21 +97,12 @@ class ModelScreen(AppScreen):
             for s in stats["layers"]:
                 history = list(model.grad_history.get((pid, s["name"]), ()))
                 top = max(history, default=0.0) or 1.0
+                cells = layer_cells(s)
                 bad = s["act_nan"] + s["act_inf"] + s["grad_nan"]
-                values = [
-                    str(pid),
-                    s["name"],
-                    num(s["act_mean"]),
-                    num(s["act_std"]),
-                    num(s["act_absmax"]),
-                    frac(s["act_zeros"]),
-                    frac(s["act_dead"]),
-                    f"[red]{bad}[/red]" if bad else "0",
-                    num(s["grad_norm"]),
-                    spark(history, width=16, top=top),
-                    num(s["weight_norm"]),
-                    num(s["update_ratio"]),
-                ]
+                if bad:
+                    cells[5] = f"[red]{cells[5]}[/red]"
+                spark_cell = spark(history, width=16, top=top)
+                values = [str(pid), s["name"], *cells[:7], spark_cell, *cells[7:]]
                 key = f"{pid}/{s['name']}"
                 for column, value in zip(table.columns, values, strict=True):
                     table.update_cell(key, column, value)

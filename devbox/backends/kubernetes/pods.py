@@ -177,6 +177,8 @@ def to_box(pod: Any, *, last_input: float = 0.0) -> Box:
             "pod": pod.metadata.name,
             "namespace": pod.metadata.namespace,
             "node": (pod.spec.node_name or "") if pod.spec else "",
+            # devbox.probe's model alerts, as the agent publishes them (`devbox ls`)
+            **({"alerts": ann[p.ANN_ALERTS]} if ann.get(p.ANN_ALERTS) else {}),
         },
     )
 

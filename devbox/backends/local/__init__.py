@@ -13,7 +13,7 @@ import socket
 import time
 from pathlib import Path
 
-from devbox import names, paths
+from devbox import names, paths, protocol
 from devbox.backends.local.launcher import start_agent
 from devbox.backends.local.store import BoxStore
 from devbox.boxes import Box, BoxSpec, BoxState, Multiplexer
@@ -119,12 +119,11 @@ class LocalBackend:
 
     def _with_alerts(self, box: Box) -> Box:
         """The probe's model alerts, as one short cell (extra["alerts"]) for `devbox ls`."""
-        from devbox.probe.alerts import short
-
         alerts = self.store.alerts(box.name)
         if not alerts:
             return box
-        return dataclasses.replace(box, extra={**box.extra, "alerts": short(alerts)})  # type: ignore[arg-type]
+        cell = protocol.alerts_cell(alerts)  # type: ignore[arg-type]
+        return dataclasses.replace(box, extra={**box.extra, "alerts": cell})
 
     def keep(self, name: str, *, until: float) -> Box:
         self.get(name)  # a clear error for a bad or unknown name
