@@ -9,6 +9,8 @@ counting graphs compiled after warm-up (it must be none).
 
     python benchmarks/bench_probe.py [--steps 100] [--rounds 9] [--device cpu|cuda]
 
+Steps are timed by the process's CPU time on the CPU (all threads, so the probe's own thread
+counts; other users of a shared machine barely move it) and by wall time on CUDA.
 Prints JSON: ms per step for each variant, and overhead and probe/wandb ratios, each the
 median over rounds of the ratio within a round.
 """
@@ -90,18 +92,20 @@ class Loop:
         self.x = torch.randn(batch, width, device=device)
         self.y = torch.randn(batch, 1, device=device)
         self.cuda = device == "cuda"
+        self.clock = time.perf_counter
 
     def steps(self, n: int) -> list[float]:
         times = []
+        clock = self.clock
         for _ in range(n):
-            start = time.perf_counter()
+            start = clock()
             self.optimizer.zero_grad(set_to_none=True)
             loss = ((self.run(self.x) - self.y) ** 2).mean()
             loss.backward()
             self.optimizer.step()
             if self.cuda:
                 torch.cuda.synchronize()  # for the clock only; the probe never does this
-            times.append(time.perf_counter() - start)
+            times.append(clock() - start)
         return times
 
 
@@ -119,6 +123,8 @@ def measure(args: argparse.Namespace, path: str) -> dict[str, Any]:
     torch.manual_seed(0)
     model = make_model(args.width, args.depth, args.device)
     loop = Loop(model, batch=args.batch, width=args.width, device=args.device)
+    if args.clock == "cpu" or (args.clock is None and args.device != "cuda"):
+        loop.clock = time.process_time
     # wandb's service process starts first: its start-up must not land in a measurement.
     run = wandb.init(project="devbox-bench", mode="offline", dir=tempfile.mkdtemp())
     time.sleep(2.0)
@@ -225,16 +231,27 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=128)
     p.add_argument("--compile-every", type=int, default=5)
     p.add_argument("--no-compile", action="store_true", help="skip the torch.compile part")
+    p.add_argument(
+        "--clock",
+        choices=("cpu", "wall"),
+        help="what a step costs: the process's CPU time (all its threads, the probe's own "
+        "included; steady on a shared machine) or wall time (default: cpu on the CPU, wall "
+        "on CUDA, where the device's time is the cost)",
+    )
     args = p.parse_args()
     os.environ.setdefault("WANDB_MODE", "offline")
     os.environ.setdefault("WANDB_SILENT", "true")
-    torch.set_num_threads(max(1, min(4, os.cpu_count() or 1)))
+    # One intra-op thread on the CPU: the process's CPU time is then the step's whole cost,
+    # and other users of a shared machine do not stretch it.
+    torch.set_num_threads(1)
+    clock = args.clock or ("wall" if args.device == "cuda" else "cpu")
     with sink() as path:
         result: dict[str, Any] = {
             "device": args.device,
             "torch": torch.__version__,
             "model": f"MLP {args.depth}x{args.width}, batch {args.batch}, Adam",
             "steps_per_variant": args.steps * args.rounds,
+            "clock": clock,
             **measure(args, path),
         }
         if not args.no_compile:
