@@ -27,38 +27,18 @@ import sys
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from devbox import protocol
 from devbox.probe import alerts as alert_policy
-from devbox.probe import stats
+from devbox.probe import replies, stats
 from devbox.probe.link import Link
-from devbox.protocol import ProbeAlert, ProbeReply, ProbeRequest
+from devbox.probe.replies import Host, to_host
+from devbox.protocol import ProbeAlert, ProbeRequest
 
 log = logging.getLogger("devbox.probe")
-
-Host = Callable[[], Any]  # a device value, readable on the link thread
-
-
-def _to_host(t: torch.Tensor) -> Host:
-    """Start copying `t` to the host; the returned callable (run on the link thread) waits
-    for the copy and gives Python numbers. The training thread never waits."""
-    if t.device.type == "cuda":
-        pinned = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-        pinned.copy_(t, non_blocking=True)
-        done = torch.cuda.Event()
-        done.record()
-
-        def read() -> Any:
-            done.synchronize()
-            return pinned.tolist()
-
-        return read
-    copy = t.detach()
-    return lambda: copy.tolist()
 
 
 def select(
@@ -213,7 +193,7 @@ class Watcher:
             out = next((o for o in _flat(out) if isinstance(o, torch.Tensor)), None)
         if out is not None and out.is_floating_point():
             total = out.detach().sum(dtype=torch.float32)
-            self._submit_check(_to_host(total.reshape(1)), self.step)
+            self._submit_check(to_host(total.reshape(1)), self.step)
 
     def _owns(self, optimizer: torch.optim.Optimizer) -> bool:
         key = id(optimizer)
@@ -290,7 +270,7 @@ class Watcher:
         matrix = torch.cat([act, part], 1)
         self._params_part, self._acts = None, []
         self._answer_activation_requests(step)
-        self._submit_report(step, _to_host(matrix))
+        self._submit_report(step, to_host(matrix))
         self._answer_leftover_requests(step)
 
     def _copy(self, params: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -372,33 +352,11 @@ class Watcher:
             self.watching = bool(frame.body.get("watching"))
         elif frame.type == protocol.PROBE_REQUEST:
             request: ProbeRequest = frame.body  # type: ignore[assignment]
-            error = self._check_request(request)
+            error = replies.check(request, self.names)
             if error is None:
                 self._requests.append(request)
                 return
-            reply: ProbeReply = {
-                "id": int(request.get("id", 0)),
-                "pid": os.getpid(),
-                "step": self.step,
-                "error": error,
-            }
-            self.link.submit(lambda: [protocol.encode(protocol.PROBE_REPLY, **reply)])
-
-    def _check_request(self, r: ProbeRequest) -> str | None:
-        if not isinstance(r.get("id"), int):
-            return "a request needs an integer id"
-        if r.get("kind") not in protocol.PROBE_REQUEST_KINDS:
-            return f"unknown request {r.get('kind')!r}"
-        if r.get("tensor") not in protocol.PROBE_TENSORS:
-            return f"unknown tensor {r.get('tensor')!r}: one of {', '.join(protocol.PROBE_TENSORS)}"
-        if r.get("layer") not in self._index:
-            return f"no layer {r.get('layer')!r} is watched (layers: {', '.join(self.names[:30])})"
-        bins = r.get("bins", 30)
-        if isinstance(bins, bool) or not isinstance(bins, int):
-            return "bins must be a whole number"
-        if not 1 <= bins <= protocol.MAX_HISTOGRAM_BINS:
-            return f"bins must be 1 to {protocol.MAX_HISTOGRAM_BINS}"
-        return None
+            self.link.submit(replies.error(request.get("id", 0), self.step, error))
 
     # --- requests ---------------------------------------------------------------------
 
@@ -435,46 +393,10 @@ class Watcher:
                 self._reply_error(r, f"layer {r['layer']} did not run in the last 3 steps")
 
     def _reply_error(self, r: ProbeRequest, message: str) -> None:
-        reply = {"id": r["id"], "pid": os.getpid(), "step": self.step, "error": message}
-        self.link.submit(lambda: [protocol.encode(protocol.PROBE_REPLY, **reply)])
+        self.link.submit(replies.error(r["id"], self.step, message))
 
     def _answer(self, r: ProbeRequest, x: torch.Tensor, step: int) -> None:
-        base: dict[str, Any] = {"id": r["id"], "pid": os.getpid(), "step": step}
-        if r["kind"] == "histogram":
-            counts, bounds, _ = stats.histogram(x, int(r.get("bins", 30)))
-            counts_h, bounds_h = _to_host(counts), _to_host(bounds)
-
-            def job() -> list[bytes]:
-                low, high = bounds_h()
-                body = {**base, "counts": [int(c) for c in counts_h()], "low": low, "high": high}
-                return [protocol.encode(protocol.PROBE_REPLY, **body)]
-
-        elif r["kind"] == "summary":
-            values = _to_host(stats.summary(x))
-            shape, dtype = list(x.shape), str(x.dtype).removeprefix("torch.")
-
-            def job() -> list[bytes]:
-                mean, std, low, high, norm, nan, inf = values()
-                numbers = {
-                    k: (v if math.isfinite(v) else None)
-                    for k, v in (("mean", mean), ("std", std), ("min", low), ("max", high))
-                }
-                body = {**base, "shape": shape, "dtype": dtype, **numbers}
-                body.update(norm=norm if math.isfinite(norm) else None, nan=int(nan), inf=int(inf))
-                return [protocol.encode(protocol.PROBE_REPLY, **body)]
-
-        else:
-            copy = x.detach().clone()
-            safe = r["layer"].replace("/", "_") or "model"
-            path = Path.home() / ".devbox/probe" / f"{os.getpid()}-{step}-{safe}-{r['tensor']}.pt"
-
-            def job() -> list[bytes]:
-                path.parent.mkdir(parents=True, exist_ok=True)
-                torch.save(copy.cpu(), path)
-                body = {**base, "path": str(path), "shape": list(copy.shape)}
-                return [protocol.encode(protocol.PROBE_REPLY, **body)]
-
-        self.link.submit(job)
+        self.link.submit(replies.answer(r, x, step))
 
     # --- the end ----------------------------------------------------------------------
 
