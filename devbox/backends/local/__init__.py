@@ -168,6 +168,7 @@ class LocalBackend:
         except StateError:
             box = None  # a corrupted record must not make a box impossible to stop
         self._stop_agent(name)
+        _remove_probe_socket(folder / "home")
         mux_kind = box.extra.get("multiplexer", "") if box else ""
         for kind in [mux_kind] if mux_kind else ["screen", "tmux"]:
             path = shutil.which(kind)
@@ -191,3 +192,13 @@ class LocalBackend:
                 os.kill(pid, signal.SIGKILL)
                 deadline = time.monotonic() + STOP_TIMEOUT
             time.sleep(0.02)
+
+
+def _remove_probe_socket(home: Path) -> None:
+    """The probe socket's private folder, which an agent that was killed leaves behind."""
+    try:
+        path = Path((home / protocol.PROBE_POINTER_FILE).read_text().strip())
+    except OSError:
+        return
+    if path.parent.name.startswith("devbox-probe-"):
+        shutil.rmtree(path.parent, ignore_errors=True)
