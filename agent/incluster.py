@@ -37,8 +37,20 @@ async def start_link(agent: Agent, args: argparse.Namespace, *, host_line: str) 
     )
     await asyncio.to_thread(
         link.annotate,
-        {protocol.ANN_HOST_KEY: host_line, protocol.ANN_HOST_KEY_FP: fingerprint(host_line)},
+        {
+            protocol.ANN_HOST_KEY: host_line,
+            protocol.ANN_HOST_KEY_FP: fingerprint(host_line),
+            protocol.ANN_ALERTS: "",  # a new agent: the last one's model alerts are moot
+        },
     )
+    if agent.probe_hub is not None:
+
+        def publish_alerts(alerts: list[protocol.ProbeAlert]) -> None:
+            # `devbox ls` reads model alerts from the pod; off the loop: the API call blocks.
+            cell = protocol.alerts_cell(alerts)
+            loop.run_in_executor(None, link.annotate, {protocol.ANN_ALERTS: cell})
+
+        agent.probe_hub.on_alerts = publish_alerts
     stop = threading.Event()
     adopted: dict[str, str] = {}
 

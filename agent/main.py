@@ -28,6 +28,8 @@ from devbox import protocol
 from devbox.boxes import Multiplexer
 
 if TYPE_CHECKING:
+    from agent.probehub import ProbeHub
+    from agent.server import Agent
     from agent.telemetry import Telemetry
 
 
@@ -63,6 +65,13 @@ def _parser() -> argparse.ArgumentParser:
         "(default: all in a pod, whose PID namespace is the box; box otherwise)",
     )
     p.add_argument("--telemetry-rate", type=float, default=1.0, help="samples/s when unwatched")
+    p.add_argument(
+        "--probe-socket",
+        type=Path,
+        help="Unix socket for devbox.probe in training processes (default: a private "
+        "folder under /tmp; sessions get it as $DEVBOX_PROBE_SOCKET)",
+    )
+    p.add_argument("--alerts-file", type=Path, help="where the probe's model alerts are published")
     p.add_argument("--ready-fd", type=int, help="pipe to report readiness on (one frame)")
     p.add_argument("--log-level", default="INFO")
     k8s = p.add_argument_group("in a Kubernetes pod")
@@ -226,6 +235,7 @@ async def _serve(
     # the collections they trigger otherwise re-scan all of asyncssh every time (a third
     # of the agent's idle CPU at 1 Hz, benchmarks/bench_telemetry.py).
     loop.call_later(3.0, gc.freeze)
+    hub = await _probe_hub(args, agent)
     link_stop = None
     if args.pod:
         from agent.incluster import start_link
@@ -245,7 +255,34 @@ async def _serve(
     sampler.cancel()
     counter.cancel()
     await asyncio.gather(sampler, counter, return_exceptions=True)
+    if hub is not None:
+        await hub.close()
     return 0
+
+
+async def _probe_hub(args: argparse.Namespace, agent: Agent) -> ProbeHub | None:
+    """Start the probe hub; a box without one still serves SSH and telemetry."""
+    import tempfile
+
+    from agent.probehub import ProbeHub
+
+    # Short (Unix socket paths are at most 107 bytes) and private to this agent: a 0700
+    # folder of its own, so that only the box's owner can connect.
+    path = args.probe_socket or Path(tempfile.mkdtemp(prefix="devbox-probe-")) / "probe.sock"
+    hub = ProbeHub(
+        box=args.name, path=path, on_batch=agent.activity.probe, alerts_file=args.alerts_file
+    )
+    try:
+        await hub.start()
+        # For processes not started from one of the agent's sessions: devbox.probe looks here.
+        pointer = Path(args.home) / protocol.PROBE_POINTER_FILE
+        pointer.parent.mkdir(parents=True, exist_ok=True)
+        pointer.write_text(f"{path}\n")
+    except OSError as exc:
+        logging.getLogger("devbox.agent").error("no probe hub: %s", exc)
+        return None
+    agent.probe_hub = hub
+    return hub
 
 
 def _telemetry(

@@ -21,6 +21,7 @@ from typing import Any
 import asyncssh
 
 from agent import shell
+from agent.probehub import ProbeHub
 from agent.telemetry import Telemetry
 from devbox import protocol
 from devbox.boxes import Multiplexer
@@ -155,6 +156,7 @@ class Agent:
         self.connections: set[asyncssh.SSHServerConnection] = set()
         self.tasks: set[asyncio.Task[Any]] = set()
         self.telemetry: Telemetry | None = None
+        self.probe_hub: ProbeHub | None = None
         self._user = pwd.getpwuid(os.getuid())
 
     # --- sessions -------------------------------------------------------------------
@@ -172,6 +174,8 @@ class Agent:
         if self.box.gpu_env is not None:
             env["CUDA_VISIBLE_DEVICES"] = self.box.gpu_env
         env.update(self.run_env())
+        if self.probe_hub is not None:  # where devbox.probe in a training process connects
+            env[protocol.PROBE_SOCKET_ENV] = str(self.probe_hub.path)
         for key, value in process.env.items():
             if (
                 isinstance(key, str)
@@ -231,12 +235,24 @@ class Agent:
                 self.tasks.discard(task)
 
     async def _subsystem(self, process: shell.Process, name: str) -> None:
+        if name == protocol.PROBE_SUBSYSTEM and self.probe_hub is not None:
+            await self._probe_subsystem(process, self.probe_hub)
+            return
         if name != protocol.TELEMETRY_SUBSYSTEM or self.telemetry is None:
             process.stderr.write(f"devbox agent: no subsystem {name!r}\r\n".encode())
             process.exit(1)
             return
         try:
             status = await self.telemetry.serve(
+                read=process.stdin.read, write=process.stdout.write, drain=process.stdout.drain
+            )
+        except (asyncssh.Error, OSError, BrokenPipeError):
+            return  # the subscriber went away mid-write
+        process.exit(status)
+
+    async def _probe_subsystem(self, process: shell.Process, hub: ProbeHub) -> None:
+        try:
+            status = await hub.serve(
                 read=process.stdin.read, write=process.stdout.write, drain=process.stdout.drain
             )
         except (asyncssh.Error, OSError, BrokenPipeError):

@@ -11,7 +11,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from devbox import __version__
 from devbox.errors import EXIT_USAGE, DevboxError
@@ -69,6 +69,37 @@ def _duration(text: str) -> float:
     if not 0 < value <= 30 * 86400:
         raise argparse.ArgumentTypeError(f"duration must be above 0 and at most 30d (got {text})")
     return value
+
+
+_bins = _number("bins", int, low=1, high=1000)
+_pid = _number("pid", int, low=1, high=float("inf"))
+
+
+def _probe_parser(sub: Any, backend: argparse.ArgumentParser) -> None:
+    probe = sub.add_parser(
+        "probe",
+        parents=[backend],
+        help="live per-layer statistics of a model training in a box (devbox.probe)",
+    )
+    probe.add_argument("name")
+    probe.add_argument("--json", action="store_true", help="JSON: one frame body per line")
+    probe.add_argument("--watch", "-w", action="store_true", help="keep streaming (ctrl-c ends)")
+    probe.add_argument("--count", "-c", type=_count, help="stop after COUNT reports")
+    probe.add_argument("--pid", type=_pid, help="the training process (default: the newest)")
+    ask = probe.add_mutually_exclusive_group()
+    ask.add_argument("--histogram", metavar="LAYER", help="a histogram of LAYER's --tensor")
+    ask.add_argument("--summary", metavar="LAYER", help="shape, mean, std, min, max, norm")
+    ask.add_argument("--save", metavar="LAYER", help="save the tensor to a file in the box")
+    probe.add_argument(
+        "--tensor",
+        choices=("activation", "gradient", "weight"),  # protocol.PROBE_TENSORS (kept light)
+        default="activation",
+        help="which tensor of LAYER (default: activation, its output)",
+    )
+    probe.add_argument("--bins", type=_bins, help="histogram bins (default 30)")
+    probe.add_argument(
+        "--timeout", type=_seconds, default=30.0, help="seconds to wait for a step (default 30)"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -142,6 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
     stats.add_argument(
         "--history", action="store_true", help="with --json: the last 10 minutes first"
     )
+
+    _probe_parser(sub, backend)
 
     tui = sub.add_parser("tui", parents=[backend], help="full-screen dashboard of your boxes")
     tui.add_argument(

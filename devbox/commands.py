@@ -121,7 +121,7 @@ def ls(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([b.to_json() for b in boxes]))
     else:
-        rows = [("NAME", "BACKEND", "STATE", "GPUS", "AGE", "IDLE", "RELEASE", "KEPT")]
+        rows = [("NAME", "BACKEND", "STATE", "GPUS", "AGE", "IDLE", "RELEASE", "KEPT", "ALERTS")]
         for b in boxes:
             rows.append(
                 (
@@ -133,6 +133,8 @@ def ls(args: argparse.Namespace) -> int:
                     statsview.age(b.idle_seconds(now)),
                     _release_cell(b, now),
                     statsview.age(b.kept_for(now)),
+                    # devbox.probe's model alerts (NaN, exploding gradients...): `devbox probe`
+                    b.extra.get("alerts", "-"),
                 )
             )
         _table(rows)
@@ -302,6 +304,13 @@ def stats(args: argparse.Namespace) -> int:
     return 0
 
 
+def probe(args: argparse.Namespace) -> int:
+    from devbox.probecmd import run
+
+    backend = backend_for(args)
+    return run(args, backend=backend, open_socket=lambda box: _open(backend, box))
+
+
 def _table(rows: Sequence[tuple[str, ...]]) -> None:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for row in rows:
@@ -335,5 +344,6 @@ def dispatch(args: argparse.Namespace) -> int:
         "ssh-config": ssh_config,
         "stats": stats,
         "keep": keep,
+        "probe": probe,
     }
     return handlers[args.command](args)

@@ -153,6 +153,96 @@ class Sample(TypedDict):
     activity: NotRequired[Activity]  # absent from older agents
 
 
+# --- Probe (devbox.probe, inside training code). Two hops, one format:
+#  1. a training process connects to the agent's probe socket (a Unix socket in a 0700
+#     folder, path in $PROBE_SOCKET_ENV, also written to ~/PROBE_POINTER_FILE), sends
+#     PROBE_HELLO, then PROBE_STATS batches; the agent sends it PROBE_CONTROL (is anybody
+#     watching) and PROBE_REQUEST frames, which it answers with PROBE_REPLY;
+#  2. a client opens the SSH subsystem PROBE_SUBSYSTEM and sends PROBE_SUBSCRIBE; the agent
+#     answers HELLO (with the processes), then the newest PROBE_STATS of each process and
+#     each one after (a slow reader skips to the newest), PROBE_GONE when a process ends;
+#     the client may send PROBE_REQUEST frames, each answered by a PROBE_REPLY with its id.
+# A float that is NaN or infinite travels as null; the nan/inf counts say why.
+PROBE_SUBSYSTEM = "devbox-probe"
+PROBE_SOCKET_ENV = "DEVBOX_PROBE_SOCKET"
+PROBE_POINTER_FILE = ".devbox/probe-socket"  # under the box's home: the socket's path
+PROBE_HELLO = "probe-hello"  # body: pid, cmd, layers (list[str]), every
+PROBE_STATS = "probe-stats"  # body: one ProbeStats
+PROBE_CONTROL = "probe-control"  # body: watching (bool)
+PROBE_SUBSCRIBE = "probe-subscribe"  # body: nothing yet
+PROBE_REQUEST = "probe-request"  # body: one ProbeRequest
+PROBE_REPLY = "probe-reply"  # body: one ProbeReply
+PROBE_GONE = "probe-gone"  # body: pid
+PROBE_REQUEST_KINDS = ("histogram", "summary", "save")
+PROBE_TENSORS = ("activation", "gradient", "weight")
+MAX_HISTOGRAM_BINS = 1000
+
+
+class LayerStats(TypedDict):
+    name: str
+    act_mean: float | None  # of the layer's output over the batch
+    act_std: float | None
+    act_absmax: float | None
+    act_zeros: float | None  # fraction of exact zeros
+    act_dead: float | None  # fraction of output units zero for every sample of the batch
+    act_nan: int
+    act_inf: int
+    grad_norm: float | None  # L2 norm of the layer's own parameters' gradients
+    grad_nan: int
+    weight_norm: float | None
+    update_ratio: float | None  # |w_after - w_before| / |w_before| over one optimizer step
+
+
+class ProbeAlert(TypedDict):
+    kind: str  # "nan", "inf", "exploding", "vanishing", "dead"
+    layer: str  # "" when the whole model is meant
+    step: int  # the step it was first seen at
+    message: str
+    pid: NotRequired[int]  # filled in by the agent
+    t: NotRequired[float]
+
+
+class ProbeStats(TypedDict):
+    pid: int
+    step: int
+    t: float
+    watched: bool  # False: a heartbeat (alerts only, no layers) while nobody watches
+    layers: list[LayerStats]
+    alerts: list[ProbeAlert]  # raised at this step
+
+
+class ProbeRequest(TypedDict):
+    id: int
+    kind: str  # one of PROBE_REQUEST_KINDS
+    layer: str
+    tensor: str  # one of PROBE_TENSORS
+    bins: NotRequired[int]  # histogram
+    pid: NotRequired[int]  # which process; absent: the only one (or the newest)
+
+
+class ProbeReply(TypedDict):
+    id: int
+    pid: int
+    step: int
+    error: NotRequired[str]
+    # histogram: counts over [low, high] in len(counts) equal bins
+    counts: NotRequired[list[int]]
+    low: NotRequired[float]
+    high: NotRequired[float]
+    # summary
+    shape: NotRequired[list[int]]
+    dtype: NotRequired[str]
+    mean: NotRequired[float | None]
+    std: NotRequired[float | None]
+    min: NotRequired[float | None]
+    max: NotRequired[float | None]
+    norm: NotRequired[float | None]
+    nan: NotRequired[int]
+    inf: NotRequired[int]
+    # save: where the tensor was written, inside the box
+    path: NotRequired[str]
+
+
 # --- Kubernetes: the labels and annotations through which the backend and an in-cluster
 # agent talk (the API server is the channel; no extra port, no CRD).
 LABEL_MANAGED = "app.kubernetes.io/managed-by"  # = "devbox" on every box pod
@@ -180,6 +270,7 @@ ANN_RELEASE_REASON = "devbox.io/release-reason"
 ANN_UNHEALTHY_SINCE = "devbox.io/unhealthy-since"
 ANN_CLAIMED_AT = "devbox.io/claimed-at"  # written by the claimer: unix seconds
 ANN_ACK_AT = "devbox.io/owner-ack-at"  # written by the agent with ANN_OWNER_ACK
+ANN_ALERTS = "devbox.io/alerts"  # written by the agent: devbox.probe's alerts, alerts_cell()
 SSH_PORT = 2222  # the agent's port inside a pod; reached only through port-forward
 
 
@@ -215,6 +306,16 @@ def activity_from_annotations(ann: dict[str, str]) -> Activity | None:
     except ValueError:
         return None
     return activity
+
+
+def alerts_cell(alerts: list[ProbeAlert]) -> str:
+    """Model alerts as one word for `devbox ls`: the first as kind:layer, and how many more
+    ("nan:fc2(+3)"); "" when there are none."""
+    if not alerts:
+        return ""
+    first = alerts[0]
+    text = first["kind"] + (f":{first['layer']}" if first["layer"] else "")
+    return text + (f"(+{len(alerts) - 1})" if len(alerts) > 1 else "")
 
 
 def fingerprint(public_line: str) -> str:

@@ -100,6 +100,10 @@ class User:
         for folder in boxes.iterdir():
             with contextlib.suppress(OSError, ValueError):
                 os.kill(int((folder / "agent.lock").read_text().strip()), signal.SIGKILL)
+            with contextlib.suppress(OSError):  # a killed agent's probe socket folder
+                socket_path = Path((folder / "home/.devbox/probe-socket").read_text().strip())
+                if socket_path.parent.name.startswith("devbox-probe-"):
+                    shutil.rmtree(socket_path.parent, ignore_errors=True)
             session = f"devbox-{folder.name}"
             for argv in (
                 [screen, "-S", session, "-X", "quit"],

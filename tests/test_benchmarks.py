@@ -101,3 +101,40 @@ def test_autoscaler_benchmark() -> None:
         assert run["peer_poll_each_box_requests"] == 2 * int(size) + 1
         assert all(r <= 1 for r in run["requests_per_pass"])
     assert result["constant_requests"] is True
+
+
+def test_probe_benchmark() -> None:
+    from tests.probe import require_torch
+
+    require_torch()
+    result = _run(
+        "bench_probe.py",
+        "--steps",
+        "10",
+        "--rounds",
+        "1",
+        "--every",
+        "5",
+        "--warmup",
+        "2",
+        "--width",
+        "32",
+        "--depth",
+        "2",
+        "--compile-every",
+        "2",
+    )
+    ms = result["ms_per_step_median_of_rounds"]
+    assert set(ms) == {
+        "none",
+        "probe_every_1",
+        "probe_every_5",
+        "probe_every_5_observed_steps",
+        "probe_every_5_unobserved_steps",
+        "wandb_every_1",
+        "wandb_every_5",
+    }
+    assert all(v > 0 for v in ms.values())
+    assert set(result["probe_over_wandb"]) == {"every_5", "every_1"}
+    assert result["compile"]["graphs_at_warmup"] >= 1
+    assert result["compile"]["graphs_compiled_after_warmup"] >= 0

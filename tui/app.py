@@ -29,12 +29,15 @@ from tui.feed import BackendFeed, Feed, Store, run_attached
 from tui.screens.box import BoxScreen
 from tui.screens.boxes import BoxesScreen
 from tui.screens.modals import ClaimRequest, ClaimScreen, ConfirmScreen
+from tui.screens.model import ModelScreen
 from tui.screens.runlog import RunLogScreen
 
 # How long `K` keeps a box against idle release (as `devbox keep` without --for).
 KEEP_SECONDS = 4 * 3600.0
 # How long a lost telemetry link waits before it tries again, doubling up to the last.
 BACKOFF = (0.5, 1.0, 2.0, 5.0, 10.0)
+# How often the model screen asks for a fresh histogram of the selected layer.
+HISTOGRAM_INTERVAL = 2.0
 _LIVE = frozenset({BoxState.RUNNING, BoxState.IDLE})
 # How often the open box's runs and an open log are fetched again.
 RUNS_INTERVAL = 3.0
@@ -97,6 +100,8 @@ class DevboxApp(App[None]):
         self.redraw_hz = redraw_hz
         self.store = Store()
         self.streams: dict[str, Worker[None]] = {}
+        self.probes: dict[str, Worker[None]] = {}
+        self._request_ids = 0
         self._relist = asyncio.Event()
         self.announced: set[tuple[str, str]] = set()  # (box, run) endings already told
 
@@ -119,7 +124,7 @@ class DevboxApp(App[None]):
         if not (dirty or relist) or not self.is_running or not self.screen_stack:
             return  # nothing new, or the app is shutting down (its screens go first)
         screen = self.screen
-        if isinstance(screen, BoxesScreen | BoxScreen):
+        if isinstance(screen, BoxesScreen | BoxScreen | ModelScreen):
             screen.show(self.store, dirty, relist=relist)
 
     # --- workers: boxes and their telemetry -----------------------------------------
@@ -153,29 +158,93 @@ class DevboxApp(App[None]):
                 )
 
     async def _stream(self, box: Box) -> None:
-        """Follow one box's telemetry for as long as the box lives; reconnect on loss."""
+        """Follow one box's telemetry for as long as the box lives."""
+        # Looked up at each call, not bound once: tests swap the store's methods.
+        await self._follow(
+            box,
+            lambda b: self.feed.stream(b, rate=self.rate),
+            lambda name, frame: self.store.frame(name, frame),
+            lambda name, state: self.store.link(name, state),
+        )
+
+    async def _follow(
+        self,
+        box: Box,
+        frames_of: Callable[[Box], AsyncIterator[Any]],
+        on_frame: Callable[[str, Any], None],
+        on_link: Callable[[str, str], None],
+    ) -> None:
+        """Follow one of a box's streams until cancelled; reconnect on loss."""
         attempt = 0
         while True:
-            self.store.link(box.name, "connecting")
+            on_link(box.name, "connecting")
             view = self.store.views.get(box.name)
             if view is not None:
                 box = view.box  # the newest record: an agent restarted elsewhere has moved
             try:
-                frames: AsyncIterator[object] = self.feed.stream(box, rate=self.rate)
-                async for frame in frames:
-                    self.store.frame(box.name, frame)  # type: ignore[arg-type]
+                async for frame in frames_of(box):
+                    on_frame(box.name, frame)
                     attempt = 0
                 reason = "the stream ended"
             except DevboxError as exc:
                 reason = exc.message
             except (OSError, EOFError, ConnectionError) as exc:
                 reason = str(exc) or type(exc).__name__
-            self.store.link(box.name, f"lost: {reason}")
+            on_link(box.name, f"lost: {reason}")
             await asyncio.sleep(BACKOFF[min(attempt, len(BACKOFF) - 1)])
             attempt += 1
 
     def relist(self) -> None:
         self._relist.set()
+
+    # --- the model screen's stream (devbox.probe), only while that screen is open -------
+
+    def open_model(self, name: str) -> None:
+        view = self.store.views.get(name)
+        if view is None or view.box.state not in _LIVE:
+            self.notify(f"box {name} is not running", severity="warning")
+            return
+        if name not in self.probes:
+            self.probes[name] = self.run_worker(
+                self._probe(view.box), name=f"probe {name}", group="probes"
+            )
+        self.push_screen(ModelScreen(name))
+
+    def close_model(self, name: str) -> None:
+        worker = self.probes.pop(name, None)
+        if worker is not None:
+            worker.cancel()
+
+    async def _probe(self, box: Box) -> None:
+        async def frames_of(box: Box) -> AsyncIterator[Any]:
+            outbox: asyncio.Queue[Any] = asyncio.Queue()
+            asker = asyncio.ensure_future(self._ask_histograms(box.name, outbox))
+            try:
+                async for frame in self.feed.probe(box, outbox=outbox):
+                    yield frame
+            finally:
+                asker.cancel()
+
+        await self._follow(box, frames_of, self.store.probe_frame, self.store.probe_link)
+
+    async def _ask_histograms(self, name: str, outbox: asyncio.Queue[Any]) -> None:
+        """The selected layer's activation histogram, every HISTOGRAM_INTERVAL seconds."""
+        while True:
+            model = self.store.models.get(name)
+            if model is not None and model.selected is not None:
+                pid, layer = model.selected
+                self._request_ids += 1
+                outbox.put_nowait(
+                    {
+                        "id": self._request_ids,
+                        "kind": "histogram",
+                        "layer": layer,
+                        "tensor": "activation",
+                        "bins": 40,
+                        "pid": pid,
+                    }
+                )
+            await asyncio.sleep(HISTOGRAM_INTERVAL)
 
     # --- actions (screens call these; the work runs in workers) ----------------------
 

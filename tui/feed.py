@@ -19,13 +19,13 @@ import sys
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Protocol
+from typing import Any, Protocol
 
 from devbox import protocol
 from devbox.backends.base import Backend
 from devbox.boxes import Box, BoxSpec
 from devbox.errors import DevboxError
-from devbox.protocol import Sample
+from devbox.protocol import LayerStats, ProbeAlert, ProbeRequest, ProbeStats, Sample
 from devbox.runs.record import Run
 
 # Seconds of 1 Hz history kept per box for sparklines and charts (the agent keeps 600).
@@ -65,6 +65,13 @@ class Feed(Protocol):
         """The command that joins a run's window, run while the app is suspended."""
         ...
 
+    def probe(
+        self, box: Box, *, outbox: asyncio.Queue[ProbeRequest]
+    ) -> AsyncIterator[protocol.Frame]:
+        """The box's devbox.probe stream (HELLO, PROBE_STATS, PROBE_REPLY, PROBE_GONE);
+        requests put in `outbox` go up the same stream."""
+        ...
+
 
 class BackendFeed:
     """Boxes and telemetry through devbox's own backend and SSH client: the same code the
@@ -78,15 +85,20 @@ class BackendFeed:
     async def boxes(self) -> builtins.list[Box]:
         return await asyncio.to_thread(self.backend.list)
 
-    async def stream(self, box: Box, *, rate: float) -> AsyncIterator[protocol.Frame]:
-        from devbox.ssh import client, telemetry
+    async def _connect(self, box: Box) -> Any:
+        from devbox.ssh import client
 
         try:
             sock = await asyncio.to_thread(self.backend.open_socket, box)
         except OSError as exc:
             raise DevboxError(f"cannot reach box {box.name}: {exc.strerror or exc}") from None
         sock.settimeout(None)
-        conn = await client.connect(box, sock)
+        return await client.connect(box, sock)
+
+    async def stream(self, box: Box, *, rate: float) -> AsyncIterator[protocol.Frame]:
+        from devbox.ssh import telemetry
+
+        conn = await self._connect(box)
         try:
             async for frame in telemetry.frames(conn, box.name, rate=rate, history=True):
                 yield frame
@@ -129,6 +141,18 @@ class BackendFeed:
         flags = self.cli_flags if box.backend == self.backend.name else []
         return [sys.executable, "-m", "devbox", "attach", "--backend", box.backend, *flags,
                 box.name, run_id]  # fmt: skip
+
+    async def probe(
+        self, box: Box, *, outbox: asyncio.Queue[ProbeRequest]
+    ) -> AsyncIterator[protocol.Frame]:
+        from devbox.ssh import probe as probe_stream
+
+        conn = await self._connect(box)
+        try:
+            async for frame in probe_stream.frames(conn, box.name, outbox=outbox):
+                yield frame
+        finally:
+            conn.close()
 
 
 def run_attached(argv: builtins.list[str]) -> int:
@@ -177,11 +201,61 @@ class BoxView:
             points.append((g["util"] or 0.0, mem_pct, g["power_w"] or 0.0, g["temp_c"] or 0.0))
 
 
+@dataclass
+class ModelView:
+    """What the UI knows about the models training in one box (devbox.probe)."""
+
+    processes: dict[int, str] = field(default_factory=dict)  # pid -> command line
+    stats: dict[int, ProbeStats] = field(default_factory=dict)  # newest report per pid
+    # Per (pid, layer): gradient norms of recent reports, for the table's sparklines.
+    grad_history: dict[tuple[int, str], collections.deque[float]] = field(default_factory=dict)
+    # Histograms of the selected layer, oldest first: (step, counts, low, high).
+    histograms: collections.deque[tuple[int, builtins.list[int], float, float]] = field(
+        default_factory=lambda: collections.deque(maxlen=HISTOGRAMS)
+    )
+    alerts: builtins.list[ProbeAlert] = field(default_factory=list)
+    link: str = "connecting"
+    selected: tuple[int, str] | None = None  # the layer whose histogram is followed
+
+    def add(self, frame: protocol.Frame) -> None:
+        body = frame.body
+        if frame.type == protocol.HELLO:
+            for p in body.get("processes") or []:
+                self.processes[int(p.get("pid", 0))] = str(p.get("cmd", ""))
+            self.alerts = list(body.get("alerts") or [])
+        elif frame.type == protocol.PROBE_STATS:
+            pid = int(body.get("pid", 0))
+            self.processes.setdefault(pid, "")
+            self.alerts += [{**a, "pid": pid} for a in body.get("alerts") or []]  # type: ignore[typeddict-item]
+            del self.alerts[:-ALERTS]
+            if body.get("watched"):
+                self.stats[pid] = body  # type: ignore[assignment]
+                layers: builtins.list[LayerStats] = body.get("layers") or []
+                for s in layers:
+                    points = self.grad_history.setdefault(
+                        (pid, s["name"]), collections.deque(maxlen=HISTORY_POINTS)
+                    )
+                    points.append(s["grad_norm"] or 0.0)
+        elif frame.type == protocol.PROBE_REPLY and "counts" in body:
+            self.histograms.append(
+                (int(body.get("step", 0)), body["counts"], body["low"], body["high"])
+            )
+        elif frame.type == protocol.PROBE_GONE:
+            pid = int(body.get("pid", 0))
+            self.processes.pop(pid, None)
+            self.stats.pop(pid, None)
+
+
+HISTOGRAMS = 12  # the selected layer's histogram over time: this many rows
+ALERTS = 50
+
+
 class Store:
     """The newest of everything, written by workers, read by the UI on its clock."""
 
     def __init__(self) -> None:
         self.views: dict[str, BoxView] = {}
+        self.models: dict[str, ModelView] = {}
         self.dirty: set[str] = set()
         self.boxes_changed = True  # the first redraw builds the table
         self.problem: str | None = None  # why the box list could not be read
@@ -241,6 +315,18 @@ class Store:
     def take_runs_ended(self) -> set[str]:
         ended, self.runs_ended = self.runs_ended, set()
         return ended
+
+    def probe_frame(self, name: str, frame: protocol.Frame) -> None:
+        model = self.models.setdefault(name, ModelView())
+        model.add(frame)
+        model.link = "live"
+        self.dirty.add(name)
+
+    def probe_link(self, name: str, state: str) -> None:
+        model = self.models.setdefault(name, ModelView())
+        if model.link != state:
+            model.link = state
+            self.dirty.add(name)
 
     def take_dirty(self) -> set[str]:
         dirty, self.dirty = self.dirty, set()

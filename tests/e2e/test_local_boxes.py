@@ -26,7 +26,7 @@ def test_up_ls_ssh_down(user: User) -> None:
     assert _ls(user)["alpha"]["state"] == "running"
 
     table = user.devbox("ls", check=True).stdout.decode().splitlines()
-    header = ["NAME", "BACKEND", "STATE", "GPUS", "AGE", "IDLE", "RELEASE", "KEPT"]
+    header = ["NAME", "BACKEND", "STATE", "GPUS", "AGE", "IDLE", "RELEASE", "KEPT", "ALERTS"]
     assert table[0].split() == header
     assert table[1].split()[:4] == ["alpha", "local", "running", "0"]
 
@@ -229,10 +229,10 @@ def test_keep_holds_a_box_and_off_ends_it(user: User) -> None:
     until = float(_ls(user)["kept"]["keep_until"])  # type: ignore[arg-type]
     assert before + 7200 <= until <= time.time() + 7200
     row = user.devbox("ls", check=True).stdout.decode().splitlines()[1].split()
-    assert row[0] == "kept" and row[-1] == "1h"  # 1 h 59 min left
+    assert row[0] == "kept" and row[-2:] == ["1h", "-"]  # 1 h 59 min left; no model alerts
     user.devbox("keep", "kept", "--off", check=True)
     assert _ls(user)["kept"]["keep_until"] == 0
-    assert user.devbox("ls", check=True).stdout.decode().splitlines()[1].split()[-1] == "-"
+    assert user.devbox("ls", check=True).stdout.decode().splitlines()[1].split()[-2] == "-"
 
 
 def test_keep_bad_input(user: User) -> None:

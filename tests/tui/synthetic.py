@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 from devbox import protocol
 from devbox.boxes import Box, BoxSpec, BoxState
 from devbox.errors import DevboxError
-from devbox.protocol import BoxProcess, GpuSample, HostSample, Sample
+from devbox.protocol import BoxProcess, GpuSample, HostSample, ProbeRequest, ProbeStats, Sample
 from devbox.runs.record import Run
 
 GIB = 1 << 30
@@ -93,6 +93,45 @@ def sample(box: int, gpus: int, seq: int, *, t: float, processes: int = 5) -> Sa
     return {"t": t, "seq": seq, "gpus": gpu_list, "host": host, "processes": procs}
 
 
+LAYERS = 6
+
+
+def probe_stats(pid: int, step: int, nan_at: int | None) -> ProbeStats:
+    poisoned = nan_at is not None and step >= nan_at
+    layers = []
+    for i in range(LAYERS):
+        wave = math.sin(step / 50 + i)
+        layers.append(
+            {
+                "name": f"layer{i}",
+                "act_mean": None if poisoned else round(0.1 * wave, 4),
+                "act_std": None if poisoned else 1.0 + i / 10,
+                "act_absmax": None if poisoned else 3.0 + i,
+                "act_zeros": 0.5 if i % 2 else 0.0,
+                "act_dead": 0.0,
+                "act_nan": 64 if poisoned else 0,
+                "act_inf": 0,
+                "grad_norm": None if poisoned else round(1.0 + 0.5 * wave, 4),
+                "grad_nan": 1 if poisoned else 0,
+                "weight_norm": 10.0 + i,
+                "update_ratio": 1e-3,
+            }
+        )
+    alerts = (
+        [{"kind": "nan", "layer": "layer0", "step": step, "message": f"NaN in layer0 at {step}"}]
+        if poisoned and step == nan_at
+        else []
+    )
+    return {
+        "pid": pid,
+        "step": step,
+        "t": T0 + step,
+        "watched": True,
+        "layers": layers,  # type: ignore[typeddict-item]
+        "alerts": alerts,  # type: ignore[typeddict-item]
+    }
+
+
 class SyntheticFeed:
     """`boxes` boxes of `gpus` GPUs each, streaming at whatever rate is asked."""
 
@@ -110,6 +149,8 @@ class SyntheticFeed:
         self.box_runs = {b.name: make_runs(b.name) for b in self.box_list}
         self.running: dict[str, int] = {b.name: 1 for b in self.box_list}
         self.fail_next_stream: set[str] = set()  # fault injection for reconnect tests
+        self.nan_at: int | None = None  # the model's statistics go NaN from this step on
+        self.requests: list[ProbeRequest] = []  # what the model screen asked for
 
     async def boxes(self) -> builtins.list[Box]:
         return list(self.box_list)
@@ -165,6 +206,29 @@ class SyntheticFeed:
     def attach_argv(self, box: Box, run_id: str) -> builtins.list[str]:
         self.attached.append((box.name, run_id))
         return ["true"]
+
+    async def probe(
+        self, box: Box, *, outbox: asyncio.Queue[ProbeRequest]
+    ) -> AsyncIterator[protocol.Frame]:
+        """One training process with LAYERS layers; NaN from step `self.nan_at` on; each
+        histogram request answered by the next report."""
+        pid = 4242
+        layers = [f"layer{i}" for i in range(LAYERS)]
+        info = {"pid": pid, "cmd": "python train.py", "layers": layers, "every": 10}
+        yield protocol.Frame(protocol.HELLO, {"box": box.name, "processes": [info], "alerts": []})
+        step = 0
+        while True:
+            while not outbox.empty():
+                request = outbox.get_nowait()
+                self.requests.append(request)
+                counts = [(step + b) % 7 for b in range(int(request.get("bins", 30)))]
+                reply = {"id": request["id"], "pid": pid, "step": step, "counts": counts}
+                yield protocol.Frame(protocol.PROBE_REPLY, {**reply, "low": -1.0, "high": 1.0})
+            yield protocol.Frame(protocol.PROBE_STATS, dict(probe_stats(pid, step, self.nan_at)))
+            step += 10
+            if not self.live:
+                await asyncio.Event().wait()  # one report, then silence (pictures)
+            await asyncio.sleep(0.05)
 
 
 def make_runs(box: str) -> list[Run]:

@@ -1,6 +1,6 @@
 """One box: per-GPU charts over the recent history, the processes on its GPUs and in the
 box, its host figures, and its `devbox run` experiments (open a log, attach one). The model
-screen (step 5) will open from here."""
+screen (m) opens from here."""
 
 from __future__ import annotations
 
@@ -71,6 +71,7 @@ class BoxScreen(AppScreen):
         Binding("K", "keep", "Keep 4h"),
         Binding("l", "run_log", "Run log"),
         Binding("a", "attach_run", "Attach run"),
+        Binding("m", "model", "Model"),
     ]
 
     def __init__(self, name: str) -> None:
@@ -242,3 +243,6 @@ class BoxScreen(AppScreen):
 
     def action_keep(self) -> None:
         self.devbox.keep_box(self.box_name)
+
+    def action_model(self) -> None:
+        self.devbox.open_model(self.box_name)

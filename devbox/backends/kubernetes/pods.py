@@ -204,6 +204,8 @@ def to_box(pod: dict[str, Any], *, last_input: float = 0.0) -> Box:
             "pod": meta["name"],
             "namespace": meta.get("namespace", ""),
             "node": spec.get("nodeName") or "",
+            # devbox.probe's model alerts, as the agent publishes them (`devbox ls`)
+            **({"alerts": ann[p.ANN_ALERTS]} if ann.get(p.ANN_ALERTS) else {}),
         },
     )
 

@@ -13,7 +13,7 @@ import socket
 import time
 from pathlib import Path
 
-from devbox import names, paths
+from devbox import names, paths, protocol
 from devbox.backends.local.launcher import start_agent
 from devbox.backends.local.store import BoxStore
 from devbox.boxes import Box, BoxSpec, BoxState, Multiplexer
@@ -96,6 +96,7 @@ class LocalBackend:
     # --- inspect --------------------------------------------------------------------
 
     def _with_live_state(self, box: Box) -> Box:
+        box = self._with_alerts(box)
         alive = self.store.agent_alive(box.name)
         last_input, _clients = self.store.activity(box.name)
         if alive:
@@ -115,6 +116,14 @@ class LocalBackend:
             last_activity=last_input,
             reason="agent is not running (GPUs freed); `devbox down` it",
         )
+
+    def _with_alerts(self, box: Box) -> Box:
+        """The probe's model alerts, as one short cell (extra["alerts"]) for `devbox ls`."""
+        alerts = self.store.alerts(box.name)
+        if not alerts:
+            return box
+        cell = protocol.alerts_cell(alerts)  # type: ignore[arg-type]
+        return dataclasses.replace(box, extra={**box.extra, "alerts": cell})
 
     def keep(self, name: str, *, until: float) -> Box:
         self.get(name)  # a clear error for a bad or unknown name
@@ -159,6 +168,7 @@ class LocalBackend:
         except StateError:
             box = None  # a corrupted record must not make a box impossible to stop
         self._stop_agent(name)
+        _remove_probe_socket(folder / "home")
         mux_kind = box.extra.get("multiplexer", "") if box else ""
         for kind in [mux_kind] if mux_kind else ["screen", "tmux"]:
             path = shutil.which(kind)
@@ -182,3 +192,13 @@ class LocalBackend:
                 os.kill(pid, signal.SIGKILL)
                 deadline = time.monotonic() + STOP_TIMEOUT
             time.sleep(0.02)
+
+
+def _remove_probe_socket(home: Path) -> None:
+    """The probe socket's private folder, which an agent that was killed leaves behind."""
+    try:
+        path = Path((home / protocol.PROBE_POINTER_FILE).read_text().strip())
+    except OSError:
+        return
+    if path.parent.name.startswith("devbox-probe-"):
+        shutil.rmtree(path.parent, ignore_errors=True)

@@ -70,6 +70,8 @@ def start_agent(
         str(folder / "agent.lock"),
         "--activity-file",
         str(folder / "activity.json"),
+        "--alerts-file",
+        str(folder / "alerts.json"),
         "--multiplexer",
         multiplexer,
         "--ready-fd",

@@ -3,6 +3,7 @@
 boxes/NAME/box.json      the record (written atomically: never half a file)
 boxes/NAME/agent.lock    held by the agent for its whole life: free lock = dead agent
 boxes/NAME/activity.json the agent's view of user activity
+boxes/NAME/alerts.json   model alerts raised by devbox.probe in the box (NaN, exploding, ...)
 boxes/NAME/home/         the box's home folder; kept when the box goes down
 """
 
@@ -113,6 +114,15 @@ class BoxStore:
             return float(data["last_input"]), int(data["clients"])
         except (OSError, ValueError, KeyError, TypeError):
             return 0.0, 0
+
+    def alerts(self, name: str) -> list[dict[str, object]]:
+        """The probe's alerts in the box, first raised first; [] when none or unreadable."""
+        try:
+            data = json.loads((self.box_dir(name) / "alerts.json").read_text())
+            alerts = data["alerts"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return []
+        return [a for a in alerts if isinstance(a, dict)] if isinstance(alerts, list) else []
 
 
 def _number(value: object) -> float | None:

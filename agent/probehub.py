@@ -1,0 +1,319 @@
+"""The probe hub: training processes in the box connect to a Unix socket only the box's
+owner can open; SSH subscribers (`devbox probe`, the TUI) get each process's newest
+statistics and may send requests, which go to the process and whose replies come back to
+the one who asked.
+
+The hub tells every process whether anybody watches, so that an unwatched training loop
+pays next to nothing. Each batch a process sends is activity for the autoscaler. Alerts are
+kept per process (the first of each kind and layer) and written to `alerts_file` for
+`devbox ls`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import json
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agent.telemetry import REQUEST_TIMEOUT as FIRST_TIMEOUT
+from agent.telemetry import RequestError, _LineReader
+from devbox import protocol
+from devbox.protocol import ProbeAlert
+
+log = logging.getLogger("devbox.agent.probe")
+
+REQUEST_TIMEOUT = 30.0  # a request no step answered by then: training is paused or stuck
+MAX_ALERTS = 50  # per box; the first ones are kept: they say what broke first
+_ids = itertools.count(1)
+
+
+@dataclass(eq=False)
+class ProcessLink:
+    key: int  # the hub's own number for this connection (one process may watch two models)
+    pid: int
+    cmd: str
+    layers: list[str]
+    every: int
+    writer: asyncio.StreamWriter
+    latest: bytes | None = None  # the newest PROBE_STATS line with layer statistics
+
+    def info(self) -> dict[str, Any]:
+        return {"pid": self.pid, "cmd": self.cmd, "layers": self.layers, "every": self.every}
+
+
+@dataclass(eq=False)
+class Subscriber:
+    # Newest line per process not yet written, plus replies and notices in order.
+    pending: dict[int, bytes] = field(default_factory=dict)
+    notices: list[bytes] = field(default_factory=list)
+    ready: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def offer(self, key: int, line: bytes) -> None:
+        self.pending[key] = line  # replaces an unsent older batch: never a backlog
+        self.ready.set()
+
+    def notify(self, line: bytes) -> None:
+        self.notices.append(line)
+        self.ready.set()
+
+    def take(self) -> list[bytes]:
+        lines = self.notices + list(self.pending.values())
+        self.notices, self.pending = [], {}
+        self.ready.clear()
+        return lines
+
+
+class ProbeHub:
+    def __init__(
+        self,
+        *,
+        box: str,
+        path: Path,
+        on_batch: Callable[[], None],
+        alerts_file: Path | None = None,
+    ) -> None:
+        self.box = box
+        self.path = path
+        self._on_batch = on_batch
+        self._alerts_file = alerts_file
+        self.processes: dict[int, ProcessLink] = {}
+        self._subs: set[Subscriber] = set()
+        self.alerts: list[ProbeAlert] = []
+        self._alert_keys: set[tuple[int, str, str]] = set()
+        # hub request id -> (subscriber, the subscriber's own id)
+        self._waiting: dict[int, tuple[Subscriber, int]] = {}
+        self._server: asyncio.AbstractServer | None = None
+        # Told of every change of `alerts`; in a pod, agent.incluster annotates the pod.
+        self.on_alerts: Callable[[list[ProbeAlert]], None] | None = None
+
+    # --- the socket training processes use --------------------------------------------
+
+    async def start(self) -> None:
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(self.path.parent, 0o700)
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()  # a previous agent's
+        self._server = await asyncio.start_unix_server(
+            self._serve_process, path=str(self.path), limit=protocol.MAX_FRAME_BYTES
+        )
+        os.chmod(self.path, 0o600)
+        self._write_alerts()
+
+    async def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for link in list(self.processes.values()):
+            link.writer.close()
+        with contextlib.suppress(OSError):
+            self.path.unlink()
+            if self.path.parent.name.startswith("devbox-probe-"):  # the agent's own mkdtemp
+                self.path.parent.rmdir()
+
+    async def _serve_process(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        link: ProcessLink | None = None
+        try:
+            hello = protocol.decode(await asyncio.wait_for(reader.readline(), 30))
+            if hello.type != protocol.PROBE_HELLO:
+                raise protocol.ProtocolError(f"expected {protocol.PROBE_HELLO}, got {hello.type}")
+            body = hello.body
+            link = ProcessLink(
+                key=next(_ids),
+                pid=int(body.get("pid", 0)),
+                cmd=str(body.get("cmd", ""))[:200],
+                layers=[str(n) for n in body.get("layers", [])][:10000],
+                every=int(body.get("every", 1)),
+                writer=writer,
+            )
+            self.processes[link.key] = link
+            writer.write(protocol.encode(protocol.PROBE_CONTROL, watching=bool(self._subs)))
+            while line := await reader.readline():
+                if not line.endswith(b"\n"):
+                    break
+                self._from_process(link, protocol.decode(line), line)
+        except (protocol.ProtocolError, ValueError, TypeError, TimeoutError) as exc:
+            log.warning("dropped a probe connection: %s", exc)
+        except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError):
+            pass
+        finally:
+            if link is not None:
+                del self.processes[link.key]
+                gone = protocol.encode(protocol.PROBE_GONE, pid=link.pid)
+                for sub in self._subs:
+                    sub.pending.pop(link.key, None)
+                    sub.notify(gone)
+            writer.close()
+
+    def _from_process(self, link: ProcessLink, frame: protocol.Frame, line: bytes) -> None:
+        if frame.type == protocol.PROBE_STATS:
+            self._on_batch()
+            raised = frame.body.get("alerts") or []
+            if isinstance(raised, list) and raised:
+                self._add_alerts(link, raised)
+            if frame.body.get("watched"):
+                link.latest = line
+                for sub in self._subs:
+                    sub.offer(link.key, line)
+            elif raised:
+                for sub in self._subs:
+                    sub.notify(line)
+        elif frame.type == protocol.PROBE_REPLY:
+            hub_id = frame.body.get("id")
+            waiting = self._waiting.pop(hub_id, None) if isinstance(hub_id, int) else None
+            if waiting is not None:
+                sub, their_id = waiting
+                sub.notify(protocol.encode(protocol.PROBE_REPLY, **{**frame.body, "id": their_id}))
+
+    def _add_alerts(self, link: ProcessLink, raised: list[Any]) -> None:
+        changed = False
+        for alert in raised:
+            if not isinstance(alert, dict):
+                continue
+            key = (link.pid, str(alert.get("kind", "")), str(alert.get("layer", "")))
+            if key in self._alert_keys or len(self.alerts) >= MAX_ALERTS:
+                continue
+            self._alert_keys.add(key)
+            self.alerts.append(
+                {
+                    "kind": key[1],
+                    "layer": key[2],
+                    "step": int(alert.get("step", 0)),
+                    "message": str(alert.get("message", ""))[:300],
+                    "pid": link.pid,
+                    "t": time.time(),
+                }
+            )
+            changed = True
+        if changed:
+            self._write_alerts()
+            if self.on_alerts is not None:
+                self.on_alerts(list(self.alerts))
+
+    def _write_alerts(self) -> None:
+        if self._alerts_file is None:
+            return
+        tmp = self._alerts_file.with_suffix(".tmp")
+        try:
+            tmp.write_text(json.dumps({"alerts": self.alerts}))
+            os.replace(tmp, self._alerts_file)
+        except OSError as exc:
+            log.warning("cannot write %s: %s", self._alerts_file, exc)
+
+    def _watching_changed(self) -> None:
+        line = protocol.encode(protocol.PROBE_CONTROL, watching=bool(self._subs))
+        for link in self.processes.values():
+            with contextlib.suppress(OSError, RuntimeError):
+                link.writer.write(line)
+
+    # --- one SSH subscriber -----------------------------------------------------------
+
+    async def serve(
+        self,
+        *,
+        read: Callable[[int], Awaitable[bytes]],
+        write: Callable[[bytes], None],
+        drain: Callable[[], Awaitable[None]],
+    ) -> int:
+        lines = _LineReader(read)
+        try:
+            first = protocol.decode(await asyncio.wait_for(lines.next(), FIRST_TIMEOUT))
+        except TimeoutError:
+            return _fail(write, f"no {protocol.PROBE_SUBSCRIBE} request in {FIRST_TIMEOUT:g} s")
+        except (RequestError, EOFError, protocol.ProtocolError) as exc:
+            return _fail(write, str(exc) or "no request")
+        if first.type != protocol.PROBE_SUBSCRIBE:
+            return _fail(
+                write, f"expected a {protocol.PROBE_SUBSCRIBE!r} frame, got {first.type!r}"
+            )
+        sub = Subscriber()
+        write(
+            protocol.encode(
+                protocol.HELLO,
+                box=self.box,
+                processes=[p.info() for p in self.processes.values()],
+                alerts=self.alerts,
+            )
+        )
+        self._subs.add(sub)
+        if len(self._subs) == 1:
+            self._watching_changed()
+        for link in self.processes.values():
+            if link.latest is not None:
+                sub.offer(link.key, link.latest)
+        requests = asyncio.ensure_future(self._follow_requests(lines, sub))
+        try:
+            while not requests.done():
+                ready = asyncio.ensure_future(sub.ready.wait())
+                await asyncio.wait({ready, requests}, return_when=asyncio.FIRST_COMPLETED)
+                ready.cancel()
+                for line in sub.take():
+                    write(line)
+                await drain()
+            error = requests.result()
+        finally:
+            self._subs.discard(sub)
+            if not self._subs:
+                self._watching_changed()
+            for hub_id in [k for k, (s, _) in self._waiting.items() if s is sub]:
+                del self._waiting[hub_id]
+            requests.cancel()
+        return 0 if error is None else _fail(write, error)
+
+    async def _follow_requests(self, lines: _LineReader, sub: Subscriber) -> str | None:
+        while True:
+            try:
+                line = await lines.next()
+                frame = protocol.decode(line)
+            except EOFError:
+                return None
+            except (RequestError, protocol.ProtocolError) as exc:
+                return str(exc)
+            if frame.type == protocol.PROBE_REQUEST:
+                self._forward(sub, frame.body)
+
+    def _forward(self, sub: Subscriber, body: dict[str, Any]) -> None:
+        their_id = body.get("id")
+        if isinstance(their_id, bool) or not isinstance(their_id, int):
+            sub.notify(_reply_error(0, 0, "a request needs an integer id"))
+            return
+        link = self._choose(body.get("pid"))
+        if link is None:
+            pid = body.get("pid")
+            why = f"no probed process {pid}" if pid is not None else "no probed process"
+            sub.notify(_reply_error(their_id, 0, f"{why} in box {self.box}"))
+            return
+        hub_id = next(_ids)
+        self._waiting[hub_id] = (sub, their_id)
+        link.writer.write(protocol.encode(protocol.PROBE_REQUEST, **{**body, "id": hub_id}))
+        asyncio.get_running_loop().call_later(REQUEST_TIMEOUT, self._expire, hub_id, link.pid)
+
+    def _choose(self, pid: object) -> ProcessLink | None:
+        links = list(self.processes.values())
+        if pid is None:
+            return links[-1] if links else None  # the newest
+        return next((p for p in reversed(links) if p.pid == pid), None)
+
+    def _expire(self, hub_id: int, pid: int) -> None:
+        waiting = self._waiting.pop(hub_id, None)
+        if waiting is not None:
+            sub, their_id = waiting
+            message = f"process {pid} did not answer in {REQUEST_TIMEOUT:g} s (training paused?)"
+            sub.notify(_reply_error(their_id, pid, message))
+
+
+def _reply_error(request_id: int, pid: int, message: str) -> bytes:
+    return protocol.encode(protocol.PROBE_REPLY, id=request_id, pid=pid, step=0, error=message)
+
+
+def _fail(write: Callable[[bytes], None], message: str) -> int:
+    write(protocol.encode(protocol.ERROR, message=message))
+    return 1

@@ -1,0 +1,263 @@
+"""What devbox.probe costs a training loop, against no probe and against wandb.watch.
+
+One process, one model, interleaved rounds compared pairwise (drift hits all variants
+alike): step time with no probe, with the probe reporting every step (every step observed)
+and every 50, and with wandb.watch(model, log="all", log_freq=same) in offline mode. The
+probe reports to an in-process stand-in for the agent that says "watching" and reads every
+frame, so it does its full work. Then torch.compile: the probe on a compiled model,
+counting graphs compiled after warm-up (it must be none).
+
+    python benchmarks/bench_probe.py [--steps 100] [--rounds 9] [--device cpu|cuda]
+
+Steps are timed by the process's CPU time on the CPU (all threads, so the probe's own thread
+counts; other users of a shared machine barely move it) and by wall time on CUDA.
+Prints JSON: ms per step for each variant, and overhead and probe/wandb ratios, each the
+median over rounds of the ratio within a round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch
+
+from devbox import probe, protocol
+
+
+@contextlib.contextmanager
+def sink() -> Iterator[str]:
+    """A stand-in for the agent's hub: says somebody watches, reads and drops every frame."""
+    folder = tempfile.mkdtemp(prefix="dbx-bench-")
+    path = os.path.join(folder, "probe.sock")
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(path)
+    server.listen()
+    stop = threading.Event()
+
+    def serve() -> None:
+        server.settimeout(0.2)
+        conns: list[socket.socket] = []
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                conn, _ = server.accept()
+                conn.sendall(protocol.encode(protocol.PROBE_CONTROL, watching=True))
+                conns.append(conn)
+                threading.Thread(target=_drain, args=(conn,), daemon=True).start()
+        for conn in conns:
+            conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield path
+    finally:
+        stop.set()
+        thread.join()
+        server.close()
+
+
+def _drain(conn: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        while conn.recv(1 << 16):
+            pass
+
+
+def make_model(width: int, depth: int, device: str) -> torch.nn.Module:
+    layers: list[torch.nn.Module] = []
+    for _ in range(depth):
+        layers += [torch.nn.Linear(width, width), torch.nn.ReLU()]
+    layers.append(torch.nn.Linear(width, 1))
+    return torch.nn.Sequential(*layers).to(device)
+
+
+class Loop:
+    def __init__(self, model: torch.nn.Module, *, batch: int, width: int, device: str) -> None:
+        self.model = model
+        self.run: Callable[[torch.Tensor], torch.Tensor] = model
+        self.optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+        self.x = torch.randn(batch, width, device=device)
+        self.y = torch.randn(batch, 1, device=device)
+        self.cuda = device == "cuda"
+        self.clock = time.perf_counter
+
+    def steps(self, n: int) -> list[float]:
+        times = []
+        clock = self.clock
+        for _ in range(n):
+            start = clock()
+            self.optimizer.zero_grad(set_to_none=True)
+            loss = ((self.run(self.x) - self.y) ** 2).mean()
+            loss.backward()
+            self.optimizer.step()
+            if self.cuda:
+                torch.cuda.synchronize()  # for the clock only; the probe never does this
+            times.append(clock() - start)
+        return times
+
+
+def _wait_connected(watcher: Any) -> None:
+    deadline = time.monotonic() + 10
+    while not (watcher.link.connected and watcher.watching):
+        if time.monotonic() > deadline:
+            raise SystemExit("the probe did not connect to the benchmark's sink")
+        time.sleep(0.01)
+
+
+def measure(args: argparse.Namespace, path: str) -> dict[str, Any]:
+    import wandb
+
+    torch.manual_seed(0)
+    model = make_model(args.width, args.depth, args.device)
+    loop = Loop(model, batch=args.batch, width=args.width, device=args.device)
+    if args.clock == "cpu" or (args.clock is None and args.device != "cuda"):
+        loop.clock = time.process_time
+    # wandb's service process starts first: its start-up must not land in a measurement.
+    run = wandb.init(project="devbox-bench", mode="offline", dir=tempfile.mkdtemp())
+    time.sleep(2.0)
+    loop.steps(args.warmup)
+    every = args.every
+    variants = [
+        "none",
+        "probe_every_1",
+        f"probe_every_{every}",
+        "wandb_every_1",
+        f"wandb_every_{every}",
+    ]
+    # Per round, each variant's median step; compared within the round (paired), so that a
+    # neighbour's load on a shared machine hits the numerator and denominator alike.
+    rounds: list[dict[str, float]] = []
+    for _ in range(args.rounds):
+        medians: dict[str, float] = {}
+        for variant in variants:
+            watcher = None
+            n = int(variant.rsplit("_", 1)[1]) if variant != "none" else 0
+            if variant.startswith("probe"):
+                watcher = probe.watch(model, every=n, find_socket=lambda: path)
+                _wait_connected(watcher)
+                loop.steps(2)  # the first report pays one-time costs (pinned buffers)
+                while watcher.step % every:
+                    loop.steps(1)  # start at an observed step
+            elif variant.startswith("wandb"):
+                wandb.watch(model, log="all", log_freq=n)
+            times = loop.steps(max(every, args.steps // every * every))
+            if watcher is not None:
+                watcher.close()
+            elif variant.startswith("wandb"):
+                wandb.unwatch(model)
+            if variant == f"probe_every_{every}":
+                medians[f"probe_every_{every}_observed_steps"] = statistics.median(times[::every])
+                rest = [t for i, t in enumerate(times) if i % every]
+                medians[f"probe_every_{every}_unobserved_steps"] = statistics.median(rest)
+                # The mean, not the median: one step in `every` is the expensive one.
+                medians[variant] = statistics.fmean(times)
+            elif variant == f"wandb_every_{every}":
+                medians[variant] = statistics.fmean(times)
+            else:
+                medians[variant] = statistics.median(times)
+        rounds.append(medians)
+    run.finish()
+
+    def ratio(a: str, b: str) -> float:
+        return round(statistics.median(r[a] / r[b] for r in rounds), 4)
+
+    keys = list(rounds[0])
+    return {
+        "ms_per_step_median_of_rounds": {
+            k: round(1e3 * statistics.median(r[k] for r in rounds), 3) for k in keys
+        },
+        "overhead_vs_none": {
+            f"probe_every_{every}_mean_step": round(ratio(f"probe_every_{every}", "none") - 1, 4),
+            f"probe_every_{every}_unobserved_steps": round(
+                ratio(f"probe_every_{every}_unobserved_steps", "none") - 1, 4
+            ),
+            "probe_observed_steps (every=1)": round(ratio("probe_every_1", "none") - 1, 4),
+            f"wandb_every_{every}_mean_step": round(ratio(f"wandb_every_{every}", "none") - 1, 4),
+            "wandb_every_1": round(ratio("wandb_every_1", "none") - 1, 4),
+        },
+        "probe_over_wandb": {
+            f"every_{every}": ratio(f"probe_every_{every}", f"wandb_every_{every}"),
+            "every_1": ratio("probe_every_1", "wandb_every_1"),
+        },
+        "rounds": len(rounds),
+    }
+
+
+def compiled(args: argparse.Namespace, path: str) -> dict[str, Any]:
+    """The probe on a torch.compile'd model: graphs compiled after warm-up (both the
+    observed and the unobserved variant were seen) must be zero."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    model = make_model(args.width, args.depth, args.device)
+    loop = Loop(model, batch=args.batch, width=args.width, device=args.device)
+    watcher = probe.watch(model, every=args.compile_every, find_socket=lambda: path)
+    _wait_connected(watcher)
+    loop.run = torch.compile(model)
+    loop.steps(2 * args.compile_every)  # warm-up: observed and unobserved steps
+    graphs, recompiles = counters["stats"]["unique_graphs"], sum(counters["recompiles"].values())
+    loop.steps(4 * args.compile_every)
+    watcher.close()
+    return {
+        "every": args.compile_every,
+        "graphs_at_warmup": graphs,
+        "graphs_compiled_after_warmup": counters["stats"]["unique_graphs"] - graphs,
+        "recompiles_after_warmup": sum(counters["recompiles"].values()) - recompiles,
+    }
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--steps", type=int, default=100, help="steps per variant per round")
+    p.add_argument("--rounds", type=int, default=9)
+    p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--every", type=int, default=50)
+    p.add_argument("--width", type=int, default=512)
+    p.add_argument("--depth", type=int, default=6)
+    p.add_argument("--batch", type=int, default=128)
+    p.add_argument("--compile-every", type=int, default=5)
+    p.add_argument("--no-compile", action="store_true", help="skip the torch.compile part")
+    p.add_argument(
+        "--clock",
+        choices=("cpu", "wall"),
+        help="what a step costs: the process's CPU time (all its threads, the probe's own "
+        "included; steady on a shared machine) or wall time (default: cpu on the CPU, wall "
+        "on CUDA, where the device's time is the cost)",
+    )
+    args = p.parse_args()
+    os.environ.setdefault("WANDB_MODE", "offline")
+    os.environ.setdefault("WANDB_SILENT", "true")
+    # One intra-op thread on the CPU: the process's CPU time is then the step's whole cost,
+    # and other users of a shared machine do not stretch it.
+    torch.set_num_threads(1)
+    clock = args.clock or ("wall" if args.device == "cuda" else "cpu")
+    with sink() as path:
+        result: dict[str, Any] = {
+            "device": args.device,
+            "torch": torch.__version__,
+            "model": f"MLP {args.depth}x{args.width}, batch {args.batch}, Adam",
+            "steps_per_variant": args.steps * args.rounds,
+            "clock": clock,
+            **measure(args, path),
+        }
+        if not args.no_compile:
+            result["compile"] = compiled(args, path)
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

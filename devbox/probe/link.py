@@ -1,0 +1,159 @@
+"""The training process's line to the box's agent: a daemon thread that owns the Unix
+socket, turns queued reports into frames (the device-to-host copy happens here, not on the
+training thread), and reconnects, quietly, whenever the agent is missing or dies.
+
+No torch here: a job is any callable that returns the frames to send.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import queue
+import select
+import socket
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from devbox import protocol
+
+log = logging.getLogger("devbox.probe")
+
+# Reports waiting for the thread; a full queue drops the newest (training never waits).
+QUEUE = 8
+BACKOFF = (0.5, 1.0, 2.0, 5.0)
+# A send that takes longer means a stuck agent: the link is dropped and made again.
+SEND_TIMEOUT = 5.0
+
+Job = Callable[[], list[bytes]]
+
+
+def socket_path() -> str | None:
+    """Where the agent listens: $DEVBOX_PROBE_SOCKET (set in every session the agent
+    starts), else the path the agent wrote under the box's home (a process started some
+    other way, or an agent restarted since the session began)."""
+    candidates = [os.environ.get(protocol.PROBE_SOCKET_ENV, "")]
+    with contextlib.suppress(OSError):
+        candidates.append((Path.home() / protocol.PROBE_POINTER_FILE).read_text().strip())
+    for path in candidates:
+        if path and os.path.exists(path):
+            return path
+    return None
+
+
+class Link:
+    def __init__(
+        self,
+        *,
+        hello: dict[str, Any],
+        on_frame: Callable[[protocol.Frame], None],
+        find: Callable[[], str | None] = socket_path,
+    ) -> None:
+        self._hello = hello
+        self._on_frame = on_frame
+        self._find = find
+        self._jobs: queue.Queue[Job] = queue.Queue(maxsize=QUEUE)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="devbox-probe", daemon=True)
+        # Read by the training thread without a lock: a stale value costs one report.
+        self.connected = False
+        self.dropped = 0  # reports dropped because the thread was behind
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+
+    def submit(self, job: Job) -> None:
+        if not self.connected:  # a report made as the link dropped: nobody to send it to
+            self.dropped += 1
+            return
+        try:
+            self._jobs.put_nowait(job)
+        except queue.Full:
+            self.dropped += 1
+
+    # --- the thread -------------------------------------------------------------------
+
+    def _run(self) -> None:
+        attempt = 0
+        while not self._stop.is_set():
+            path = self._find()
+            sock = self._connect(path) if path else None
+            if sock is None:
+                self._stop.wait(BACKOFF[min(attempt, len(BACKOFF) - 1)])
+                attempt += 1
+                continue
+            attempt = 0
+            try:
+                self._serve(sock)
+            except OSError as exc:
+                log.debug("probe link to %s lost: %s", path, exc)
+            finally:
+                self.connected = False
+                # Nobody watches through a link that is gone; a new agent says otherwise.
+                with contextlib.suppress(Exception):
+                    self._on_frame(protocol.Frame(protocol.PROBE_CONTROL, {"watching": False}))
+                with contextlib.suppress(OSError):
+                    sock.close()
+                self._drain()
+
+    def _connect(self, path: str) -> socket.socket | None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.settimeout(SEND_TIMEOUT)
+            sock.connect(path)
+            sock.sendall(protocol.encode(protocol.PROBE_HELLO, **self._hello))
+        except OSError:
+            sock.close()
+            return None
+        return sock
+
+    def _serve(self, sock: socket.socket) -> None:
+        self.connected = True
+        buffer = b""
+        while not self._stop.is_set():
+            try:
+                job = self._jobs.get(timeout=0.05)
+            except queue.Empty:
+                job = None
+            if job is not None:
+                try:
+                    frames = job()
+                except Exception:  # a bad report must not end the link
+                    log.exception("devbox.probe: a report failed")
+                    frames = []
+                for frame in frames:
+                    sock.sendall(frame)
+            buffer = self._receive(sock, buffer)
+
+    def _receive(self, sock: socket.socket, buffer: bytes) -> bytes:
+        # select, not MSG_DONTWAIT: a socket with a timeout waits for data whatever the flags.
+        while select.select([sock], [], [], 0)[0]:
+            chunk = sock.recv(65536)
+            if not chunk:
+                raise ConnectionResetError("the agent closed the probe socket")
+            buffer += chunk
+            while b"\n" in buffer:
+                line, _, buffer = buffer.partition(b"\n")
+                try:
+                    frame = protocol.decode(line)
+                except protocol.ProtocolError:
+                    raise ConnectionResetError("the agent sent a malformed frame") from None
+                try:
+                    self._on_frame(frame)
+                except Exception:
+                    log.exception("devbox.probe: a frame from the agent failed")
+            if len(buffer) > protocol.MAX_FRAME_BYTES:
+                raise ConnectionResetError("the agent sent an oversized frame")
+        return buffer
+
+    def _drain(self) -> None:
+        """Reports queued for a link that is gone are dropped, not sent late."""
+        with contextlib.suppress(queue.Empty):
+            while True:
+                self._jobs.get_nowait()

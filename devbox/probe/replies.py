@@ -1,0 +1,105 @@
+"""On-demand requests (a histogram, a summary, a saved copy of a layer's tensor): checking
+them, and the replies. The tensor work is queued on the device by the training thread; the
+returned job (run on the link thread) reads the result and makes the reply frame.
+
+Imports torch: only devbox.probe.watcher imports this module, after torch was found.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from devbox import protocol
+from devbox.probe import stats
+from devbox.protocol import ProbeRequest
+
+Job = Callable[[], list[bytes]]
+Host = Callable[[], Any]  # a device value, readable on the link thread
+
+
+def to_host(t: torch.Tensor) -> Host:
+    """Start copying `t` to the host; the returned callable (run on the link thread) waits
+    for the copy and gives Python numbers. The training thread never waits."""
+    if t.device.type == "cuda":
+        pinned = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+        pinned.copy_(t, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+
+        def read() -> Any:
+            done.synchronize()
+            return pinned.tolist()
+
+        return read
+    copy = t.detach()
+    return lambda: copy.tolist()
+
+
+def check(r: ProbeRequest, layers: Sequence[str]) -> str | None:
+    """Why a request cannot be answered; None when it can."""
+    if not isinstance(r.get("id"), int):
+        return "a request needs an integer id"
+    if r.get("kind") not in protocol.PROBE_REQUEST_KINDS:
+        return f"unknown request {r.get('kind')!r}"
+    if r.get("tensor") not in protocol.PROBE_TENSORS:
+        return f"unknown tensor {r.get('tensor')!r}: one of {', '.join(protocol.PROBE_TENSORS)}"
+    if r.get("layer") not in layers:
+        return f"no layer {r.get('layer')!r} is watched (layers: {', '.join(layers[:30])})"
+    bins = r.get("bins", 30)
+    if isinstance(bins, bool) or not isinstance(bins, int):
+        return "bins must be a whole number"
+    if not 1 <= bins <= protocol.MAX_HISTOGRAM_BINS:
+        return f"bins must be 1 to {protocol.MAX_HISTOGRAM_BINS}"
+    return None
+
+
+def error(request_id: Any, step: int, message: str) -> Job:
+    reply = {"id": request_id, "pid": os.getpid(), "step": step, "error": message}
+    return lambda: [protocol.encode(protocol.PROBE_REPLY, **reply)]
+
+
+def answer(r: ProbeRequest, x: torch.Tensor, step: int) -> Job:
+    """Start the request's device work on `x` (the layer's tensor at `step`)."""
+    base: dict[str, Any] = {"id": r["id"], "pid": os.getpid(), "step": step}
+    if r["kind"] == "histogram":
+        counts, bounds, _ = stats.histogram(x, int(r.get("bins", 30)))
+        counts_h, bounds_h = to_host(counts), to_host(bounds)
+
+        def histogram() -> list[bytes]:
+            low, high = bounds_h()
+            body = {**base, "counts": [int(c) for c in counts_h()], "low": low, "high": high}
+            return [protocol.encode(protocol.PROBE_REPLY, **body)]
+
+        return histogram
+    if r["kind"] == "summary":
+        values = to_host(stats.summary(x))
+        shape, dtype = list(x.shape), str(x.dtype).removeprefix("torch.")
+
+        def summary() -> list[bytes]:
+            mean, std, low, high, norm, nan, inf = values()
+            numbers = {
+                k: (v if math.isfinite(v) else None)
+                for k, v in (("mean", mean), ("std", std), ("min", low), ("max", high))
+            }
+            body = {**base, "shape": shape, "dtype": dtype, **numbers}
+            body.update(norm=norm if math.isfinite(norm) else None, nan=int(nan), inf=int(inf))
+            return [protocol.encode(protocol.PROBE_REPLY, **body)]
+
+        return summary
+    copy = x.detach().clone()
+    safe = r["layer"].replace("/", "_") or "model"
+    path = Path.home() / ".devbox/probe" / f"{os.getpid()}-{step}-{safe}-{r['tensor']}.pt"
+
+    def save() -> list[bytes]:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(copy.cpu(), path)
+        body = {**base, "path": str(path), "shape": list(copy.shape)}
+        return [protocol.encode(protocol.PROBE_REPLY, **body)]
+
+    return save

@@ -1,0 +1,418 @@
+"""Hooks on a model and its optimizer: statistics per layer on observed steps, a cheap
+finiteness check on the others, and on-demand requests, answered at the next step.
+
+What runs on the training thread is device work only (small tensors, no .item()): at the
+end of an observed step the per-layer results are stacked into one [layers x columns]
+tensor and handed to the link thread, which copies it to the host and sends it.
+
+A "step" is one optimizer step of an optimizer that holds the model's parameters (found
+through torch's global optimizer hooks, so `watch` needs no optimizer argument); a model
+trained without a torch optimizer counts forward passes in training mode instead.
+
+Update/weight ratio: the optimizer step is hooked, and on observed steps only the watched
+parameters are copied before it (one fused kernel) and compared after it. That is exact for
+any optimizer (Adam's update is not lr * grad) and costs a transient copy on observed steps
+only, where comparing weights between report steps would hold a copy for the whole interval
+and measure N steps, not one.
+"""
+
+from __future__ import annotations
+
+import collections
+import fnmatch
+import logging
+import math
+import os
+import sys
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from devbox import protocol
+from devbox.probe import alerts as alert_policy
+from devbox.probe import replies, stats
+from devbox.probe.link import Link
+from devbox.probe.replies import Host, to_host
+from devbox.protocol import ProbeAlert, ProbeRequest
+
+log = logging.getLogger("devbox.probe")
+
+
+def select(
+    model: torch.nn.Module, layers: Sequence[str] | None
+) -> list[tuple[str, torch.nn.Module]]:
+    """The modules to watch: every leaf module, or those whose name matches a pattern."""
+    named = [(name, m) for name, m in model.named_modules() if name]
+    if layers is None:
+        chosen = [(n, m) for n, m in named if not any(True for _ in m.children())]
+        return chosen or [("model", model)]
+    chosen = [(n, m) for n, m in named if any(fnmatch.fnmatchcase(n, p) for p in layers)]
+    if not chosen:
+        known = ", ".join(n for n, _ in named[:20]) or "none"
+        raise ValueError(f"devbox.probe: no layer matches {list(layers)} (layers: {known})")
+    return chosen
+
+
+class Watcher:
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        *,
+        every: int,
+        layers: Sequence[str] | None,
+        thresholds: alert_policy.Thresholds,
+        find_socket: Callable[[], str | None] | None = None,
+    ) -> None:
+        self.model = model
+        self.every = every
+        self.thresholds = thresholds
+        self.modules = select(model, layers)
+        self.names = [n for n, _ in self.modules]
+        self._index = {n: i for i, n in enumerate(self.names)}
+        self._layer_params: list[list[torch.nn.Parameter]] = [
+            [p for p in m.parameters(recurse=len(list(m.children())) > 0) if p.requires_grad]
+            for _, m in self.modules
+        ]
+        self._param_owner = [(i, p) for i, ps in enumerate(self._layer_params) for p in ps]
+        self._consts: dict[tuple[Any, ...], torch.Tensor] = {}
+        self._model_params = {id(p) for p in model.parameters()}
+        self.step = 0
+        self.watching = False  # somebody subscribed (the agent says)
+        self._observing = False  # the current step is observed (layer hooks compute)
+        self._due = False
+        self._force = False  # the next step is observed: a check found NaN, or a request
+        self._acts: list[tuple[int, torch.Tensor]] = []
+        self._keep: set[int] = set()  # layers whose output a request wants this step
+        self._kept: dict[int, torch.Tensor] = {}
+        self._params_part: torch.Tensor | None = None
+        self._before: list[torch.Tensor] | None = None
+        self._cpu_buffers: list[torch.Tensor] | None = None
+        self._before_norms: torch.Tensor | None = None
+        self._in_step = False  # a forward ran since the last step ended
+        self._stepper: weakref.ref[torch.optim.Optimizer] | None = None
+        self._owned: dict[int, bool] = {}
+        self._requests: collections.deque[ProbeRequest] = collections.deque()
+        self._active: list[ProbeRequest] = []
+        self._tries: dict[int, int] = {}  # steps an activation request has waited
+        self._broken = False
+        self._handles: list[Any] = []
+        self.link = Link(
+            hello={
+                "pid": os.getpid(),
+                "cmd": " ".join(sys.argv)[:200],
+                "layers": self.names,
+                "every": every,
+            },
+            on_frame=self._on_frame,
+            **({"find": find_socket} if find_socket is not None else {}),
+        )
+        self._hook()
+        self.link.start()
+
+    # --- hooks ------------------------------------------------------------------------
+
+    def _hook(self) -> None:
+        from torch.optim.optimizer import (
+            register_optimizer_step_post_hook,
+            register_optimizer_step_pre_hook,
+        )
+
+        root = torch._dynamo.disable(self._guarded(self._begin))
+        self._handles.append(self.model.register_forward_pre_hook(lambda m, a: root()))
+        # Outside a compiled graph too: at most a graph break after the model's last op.
+        check = torch._dynamo.disable(self._guarded(self._check_output))
+        self._handles.append(self.model.register_forward_hook(lambda m, a, out: check(out)))
+        for i, (_, module) in enumerate(self.modules):
+            self._handles.append(module.register_forward_hook(self._layer_hook(i)))
+        pre, post = self._guarded(self._pre_step), self._guarded(self._post_step)
+        self._handles.append(register_optimizer_step_pre_hook(lambda o, a, k: pre(o)))
+        self._handles.append(register_optimizer_step_post_hook(lambda o, a, k: post(o)))
+
+    def _layer_hook(self, index: int) -> Callable[[Any, Any, Any], None]:
+        # Traced by torch.compile into the model's graph: it reads two attributes (guards
+        # with two values each, so warm-up compiles both variants once) and does device
+        # work only. Its body cannot fail on a tensor output.
+        def hook(module: Any, args: Any, out: Any) -> None:
+            if self._observing:
+                if not isinstance(out, torch.Tensor):
+                    out = next((o for o in _flat(out) if isinstance(o, torch.Tensor)), None)
+                    if out is None:
+                        return
+                if out.is_floating_point():
+                    self._acts.append((index, stats.activation(out)))
+                if index in self._keep:
+                    self._kept[index] = out.detach()
+
+        return hook
+
+    def _guarded(self, fn: Callable[..., None]) -> Callable[..., None]:
+        """The probe never raises into training: the first failure switches it off."""
+
+        def call(*args: Any) -> None:
+            if self._broken:
+                return
+            try:
+                fn(*args)
+            except Exception:
+                self._broken, self._observing = True, False
+                log.exception("devbox.probe failed and is now off; training goes on")
+
+        return call
+
+    def _begin(self) -> None:
+        if not self.model.training:
+            self._observing = False  # evaluation passes are not training steps
+            return
+        if self._in_step and self._stepper is None:
+            self._end_step()  # no optimizer: a forward pass is a step
+        self._in_step = True
+        connected = self.link.connected
+        self._due = self.step % self.every == 0
+        while self._requests:
+            self._active.append(self._requests.popleft())
+        self._keep = {self._index[r["layer"]] for r in self._active if r["tensor"] == "activation"}
+        self._observing = connected and (
+            (self.watching and self._due) or self._force or bool(self._active)
+        )
+        self._force = False
+        self._acts, self._kept = [], {}
+
+    def _check_output(self, out: Any) -> None:
+        """Every step while watched (at report steps otherwise), unless the step is observed
+        anyway: is the model's output finite? NaN/Inf anywhere upstream reaches it (a NaN
+        born in the backward pass does at the next step, through the weights). One small
+        reduction; the link thread reads the answer."""
+        if self._observing or not self.model.training or not self.link.connected:
+            return
+        if not (self.watching or self._due):
+            return
+        if not isinstance(out, torch.Tensor):
+            out = next((o for o in _flat(out) if isinstance(o, torch.Tensor)), None)
+        if out is not None and out.is_floating_point():
+            total = out.detach().sum(dtype=torch.float32)
+            self._submit_check(to_host(total.reshape(1)), self.step)
+
+    def _owns(self, optimizer: torch.optim.Optimizer) -> bool:
+        key = id(optimizer)
+        if key not in self._owned:
+            params = (p for g in optimizer.param_groups for p in g["params"])
+            self._owned[key] = any(id(p) in self._model_params for p in params)
+        return self._owned[key]
+
+    def _pre_step(self, optimizer: torch.optim.Optimizer) -> None:
+        if not self._owns(optimizer):
+            return
+        if self._stepper is None or self._stepper() is None:
+            self._stepper = weakref.ref(optimizer)
+        elif self._stepper() is not optimizer:
+            return  # a second optimizer of the same model: the first one counts steps
+        if not self.link.connected:
+            return
+        if not self._observing:
+            return
+        with_grad = [(i, p) for i, p in self._param_owner if p.grad is not None]
+        grads = [p.grad for _, p in with_grad]
+        device = self._device()
+        owner = self._const("owner", tuple(i for i, _ in with_grad), torch.long)
+        layers = len(self.names)
+        grad_norm, grad_bad = stats.per_layer_norms(grads, owner, layers)
+        params = [p.detach() for _, p in self._param_owner]
+        all_owner = self._const("owner", tuple(i for i, _ in self._param_owner), torch.long)
+        weight_norm, _ = stats.per_layer_norms(params, all_owner, layers)
+        owners = {i for i, _ in with_grad}
+        has_grad = self._const("mask", tuple(i in owners for i in range(layers)), torch.bool)
+        has_params = self._const("mask", tuple(bool(ps) for ps in self._layer_params), torch.bool)
+        nan = torch.full((layers,), math.nan, device=device)
+        grad_norm = torch.where(has_grad, grad_norm, nan)
+        weight_norm = torch.where(has_params, weight_norm, nan)
+        self._before = self._copy(params)
+        self._before_norms = weight_norm
+        self._params_part = torch.stack([grad_norm, grad_bad, weight_norm, nan], 1)
+        self._answer_parameter_requests()
+
+    def _post_step(self, optimizer: torch.optim.Optimizer) -> None:
+        if self._stepper is None or self._stepper() is not optimizer:
+            return
+        if self._before is not None and self._params_part is not None:
+            params = [p.detach() for _, p in self._param_owner]
+            torch._foreach_sub_(self._before, params)  # in place: no second copy
+            diffs = self._before
+            owner = self._const("owner", tuple(i for i, _ in self._param_owner), torch.long)
+            moved, _ = stats.per_layer_norms(diffs, owner, len(self.names))
+            assert self._before_norms is not None
+            ratio = moved / self._before_norms  # 0/0 (no weights): NaN, sent as null
+            self._params_part[:, 3] = ratio
+            self._before = self._before_norms = None
+        self._end_step()
+
+    def _end_step(self) -> None:
+        step = self.step
+        self.step += 1
+        self._in_step = False
+        if not self._observing:
+            if self._due and self.link.connected and not self.watching:
+                self._submit_heartbeat(step)
+            return
+        self._observing = False
+        device = self._device()
+        layers = len(self.names)
+        act = torch.full((layers, stats.ACT), math.nan, device=device)
+        if self._acts:
+            rows = self._const("owner", tuple(i for i, _ in self._acts), torch.long)
+            act[rows] = torch.stack([v.to(device, non_blocking=True) for _, v in self._acts])
+        part = self._params_part
+        if part is None:
+            part = torch.full((layers, len(stats.PARAM_COLUMNS)), math.nan, device=device)
+            part[:, 1] = 0.0
+        matrix = torch.cat([act, part], 1)
+        self._params_part, self._acts = None, []
+        self._answer_activation_requests(step)
+        self._submit_report(step, to_host(matrix))
+        self._answer_leftover_requests(step)
+
+    def _copy(self, params: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The parameters before the optimizer step. On a GPU a fresh copy (the caching
+        allocator makes it cheap, and the memory is back after the step); on the CPU into
+        buffers kept while watched, since fresh large allocations there cost page faults
+        (3 ms a step for a 6 MB model, benchmarks/bench_probe.py)."""
+        if params and params[0].device.type != "cpu":
+            return list(torch._foreach_mul(params, 1.0))
+        if self._cpu_buffers is None or len(self._cpu_buffers) != len(params):
+            self._cpu_buffers = [torch.empty_like(p) for p in params]
+        torch._foreach_copy_(self._cpu_buffers, params)
+        return list(self._cpu_buffers)
+
+    def _const(self, kind: str, values: tuple[Any, ...], dtype: torch.dtype) -> torch.Tensor:
+        """A small constant tensor on the model's device, made once per distinct value: a
+        fresh torch.tensor(..., device="cuda") copies from pageable memory and waits for
+        the whole stream, a host sync on every observed step."""
+        key = (kind, values)
+        if key not in self._consts:
+            self._consts[key] = torch.tensor(values, dtype=dtype, device=self._device())
+        return self._consts[key]
+
+    def _device(self) -> torch.device:
+        for _, p in self._param_owner:
+            return p.device
+        return torch.device("cpu")
+
+    # --- what the link thread runs ----------------------------------------------------
+
+    def _submit_report(self, step: int, matrix: Host) -> None:
+        names, limits, pid = list(self.names), self.thresholds, os.getpid()
+
+        def job() -> list[bytes]:
+            layers = stats.rows(names, matrix())
+            raised = alert_policy.evaluate(layers, step=step, limits=limits)
+            return [
+                protocol.encode(
+                    protocol.PROBE_STATS,
+                    pid=pid,
+                    step=step,
+                    t=time.time(),
+                    watched=True,
+                    layers=layers,
+                    alerts=raised,
+                )
+            ]
+
+        self.link.submit(job)
+
+    def _submit_check(self, total: Host, step: int) -> None:
+        def job() -> list[bytes]:
+            (value,) = total()
+            if math.isfinite(value):
+                return []
+            self._force = True  # the next step says which layer
+            return [self._stats_frame(step, [alert_policy.nonfinite_output(step=step)])]
+
+        self.link.submit(job)
+
+    def _submit_heartbeat(self, step: int) -> None:
+        # Nobody watches: no statistics, but the agent hears that training goes on.
+        self.link.submit(lambda: [self._stats_frame(step, [])])
+
+    def _stats_frame(self, step: int, raised: list[ProbeAlert]) -> bytes:
+        return protocol.encode(
+            protocol.PROBE_STATS,
+            pid=os.getpid(),
+            step=step,
+            t=time.time(),
+            watched=False,
+            layers=[],
+            alerts=raised,
+        )
+
+    def _on_frame(self, frame: protocol.Frame) -> None:
+        """On the link thread: the agent's control and request frames."""
+        if frame.type == protocol.PROBE_CONTROL:
+            self.watching = bool(frame.body.get("watching"))
+        elif frame.type == protocol.PROBE_REQUEST:
+            request: ProbeRequest = frame.body  # type: ignore[assignment]
+            error = replies.check(request, self.names)
+            if error is None:
+                self._requests.append(request)
+                return
+            self.link.submit(replies.error(request.get("id", 0), self.step, error))
+
+    # --- requests ---------------------------------------------------------------------
+
+    def _answer_parameter_requests(self) -> None:
+        for r in [r for r in self._active if r["tensor"] != "activation"]:
+            params = self._layer_params[self._index[r["layer"]]]
+            if r["tensor"] == "gradient":
+                parts = [p.grad.detach().flatten() for p in params if p.grad is not None]
+            else:
+                parts = [p.detach().flatten() for p in params]
+            self._active.remove(r)
+            if not parts:
+                self._reply_error(r, f"layer {r['layer']} has no {r['tensor']} now")
+            else:
+                self._answer(r, torch.cat(parts), self.step)
+
+    def _answer_activation_requests(self, step: int) -> None:
+        for r in [r for r in self._active if r["tensor"] == "activation"]:
+            x = self._kept.get(self._index[r["layer"]])
+            if x is not None:
+                self._active.remove(r)
+                self._answer(r, x, step)
+        self._kept, self._keep = {}, set()
+
+    def _answer_leftover_requests(self, step: int) -> None:
+        # Without an optimizer step, parameter requests are answered at the step's end.
+        if self._stepper is None:
+            self._answer_parameter_requests()
+        for r in [r for r in self._active if r["tensor"] == "activation"]:
+            self._tries[r["id"]] = tries = self._tries.get(r["id"], 0) + 1
+            if tries > 3:
+                self._active.remove(r)
+                del self._tries[r["id"]]
+                self._reply_error(r, f"layer {r['layer']} did not run in the last 3 steps")
+
+    def _reply_error(self, r: ProbeRequest, message: str) -> None:
+        self.link.submit(replies.error(r["id"], self.step, message))
+
+    def _answer(self, r: ProbeRequest, x: torch.Tensor, step: int) -> None:
+        self.link.submit(replies.answer(r, x, step))
+
+    # --- the end ----------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Remove every hook and close the link; the model trains as if never watched."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+        self._observing = False
+        self._cpu_buffers = None
+        self.link.close()
+
+
+def _flat(out: Any) -> list[Any]:
+    if isinstance(out, dict):
+        return list(out.values())
+    if isinstance(out, list | tuple):
+        return list(out)
+    return [out]

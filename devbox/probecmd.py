@@ -1,0 +1,141 @@
+"""`devbox probe NAME`: the statistics devbox.probe sends from a training process in the
+box, or one on-demand request (a histogram, a tensor's summary, a saved copy)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import sys
+from collections.abc import Callable
+
+from devbox import probeview, protocol
+from devbox.backends.base import Backend
+from devbox.boxes import Box
+from devbox.errors import DevboxError, UsageError
+
+NOBODY = (
+    "no training process in box {box} uses devbox.probe "
+    "(in the training script: `from devbox import probe; probe.watch(model)`)"
+)
+
+
+def run(
+    args: argparse.Namespace, *, backend: Backend, open_socket: Callable[[Box], socket.socket]
+) -> int:
+    from devbox.ssh import probe as probe_stream
+
+    layer = args.histogram or args.summary or args.save
+    if layer is None and (args.bins is not None or args.tensor != "activation"):
+        raise UsageError("--tensor and --bins go with --histogram, --summary or --save")
+    if layer is not None and (args.watch or args.count is not None):
+        raise UsageError("--watch and --count show statistics; a request has one answer")
+    if args.bins is not None and not args.histogram:
+        raise UsageError("--bins goes with --histogram")
+    box = backend.get(args.name)
+    if box.state.value not in ("running", "idle"):
+        raise UsageError(f"box {box.name} is {box.state.value}: {box.reason or 'not reachable'}")
+    if layer is not None:
+        kind = "histogram" if args.histogram else "summary" if args.summary else "save"
+        request: protocol.ProbeRequest = {
+            "id": 1,
+            "kind": kind,
+            "layer": layer,
+            "tensor": args.tensor,
+            "bins": args.bins or 30,
+        }
+        if args.pid is not None:
+            request["pid"] = args.pid
+        show = _ask(box, request, as_json=args.json)
+        what = "answer from the training process (it answers at its next step)"
+        probe_stream.stream(
+            box,
+            open_socket(box),
+            requests=[request],
+            on_frame=show,
+            timeout=args.timeout,
+            waiting_for=what,
+        )
+        return 0
+    watch = args.watch or args.count is not None
+    show = _follow(box, args, watch=watch)
+    try:
+        probe_stream.stream(
+            box,
+            open_socket(box),
+            on_frame=show,
+            timeout=None if watch else args.timeout,
+            waiting_for="statistics from the training process (is it between steps?)",
+        )
+    except (KeyboardInterrupt, BrokenPipeError):
+        return 0  # ctrl-c ends a watch; `devbox probe --watch --json | head`
+    return 0
+
+
+def _ask(
+    box: Box, request: protocol.ProbeRequest, *, as_json: bool
+) -> Callable[[protocol.Frame], bool]:
+    def show(frame: protocol.Frame) -> bool:
+        if frame.type == protocol.HELLO:
+            processes = frame.body.get("processes") or []
+            if not processes:
+                raise DevboxError(NOBODY.format(box=box.name))
+            return True
+        if frame.type != protocol.PROBE_REPLY or frame.body.get("id") != request["id"]:
+            return True
+        if "error" in frame.body:
+            raise UsageError(f"box {box.name}: {frame.body['error']}")
+        if as_json:
+            print(json.dumps(frame.body), flush=True)
+        else:
+            reply: protocol.ProbeReply = frame.body  # type: ignore[assignment]
+            sys.stdout.write(probeview.render_reply(reply, request=dict(request)))
+        return False
+
+    return show
+
+
+def _follow(box: Box, args: argparse.Namespace, *, watch: bool) -> Callable[[protocol.Frame], bool]:
+    commands: dict[int, str] = {}
+    waiting: set[int] = set()  # snapshot: the processes not shown yet
+    shown = 0
+    clear = not args.json and watch and sys.stdout.isatty()
+
+    def show(frame: protocol.Frame) -> bool:
+        nonlocal shown
+        body = frame.body
+        if frame.type == protocol.HELLO:
+            processes = [p for p in body.get("processes") or [] if isinstance(p, dict)]
+            if args.pid is not None:
+                processes = [p for p in processes if p.get("pid") == args.pid]
+            if not processes and not watch:
+                which = f"process {args.pid}" if args.pid is not None else ""
+                raise DevboxError(
+                    NOBODY.format(box=box.name)
+                    if not which
+                    else f"box {box.name}: no probed {which}"
+                )
+            commands.update({int(p.get("pid", 0)): str(p.get("cmd", "")) for p in processes})
+            waiting.update(commands)
+            return True
+        if frame.type != protocol.PROBE_STATS:
+            return True
+        pid = body.get("pid")
+        if args.pid is not None and pid != args.pid:
+            return True
+        if args.json:
+            print(json.dumps(body), flush=True)
+        elif body.get("layers") or body.get("alerts"):
+            stats: protocol.ProbeStats = body  # type: ignore[assignment]
+            text = probeview.render(box.name, stats, cmd=commands.get(int(pid or 0), ""))
+            sys.stdout.write(("\x1b[H\x1b[2J" if clear else "") + text)
+            sys.stdout.flush()
+        if not body.get("watched"):
+            return True  # an alert between reports: the statistics are still to come
+        shown += 1
+        waiting.discard(int(pid or 0))
+        if watch:
+            return args.count is None or shown < args.count
+        return bool(waiting)
+
+    return show

@@ -1,0 +1,224 @@
+"""The probe's parts on their own: the statistics against plain torch, the alert policy,
+the wire conversion, the link's reconnection, and use without torch or with bad input."""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from devbox import protocol
+from devbox.probe import alerts
+from devbox.protocol import LayerStats
+from tests.conftest import REPO
+from tests.probe import require_torch
+
+
+def _layer(**values: Any) -> LayerStats:
+    base: dict[str, Any] = {
+        "name": "fc",
+        "act_mean": 0.0,
+        "act_std": 1.0,
+        "act_absmax": 2.0,
+        "act_zeros": 0.0,
+        "act_dead": 0.0,
+        "act_nan": 0,
+        "act_inf": 0,
+        "grad_norm": 1.0,
+        "grad_nan": 0,
+        "weight_norm": 3.0,
+        "update_ratio": 1e-3,
+    }
+    return {**base, **values}  # type: ignore[return-value]
+
+
+@pytest.mark.parametrize(
+    ("values", "kinds"),
+    [
+        ({}, []),
+        ({"act_nan": 3}, ["nan"]),
+        ({"grad_nan": 1, "grad_norm": None}, ["nan"]),
+        ({"act_inf": 2}, ["inf"]),
+        ({"grad_norm": 5e3}, ["exploding"]),
+        ({"grad_norm": 1e-9}, ["vanishing"]),
+        ({"grad_norm": 1e-9, "weight_norm": 0.0}, []),  # nothing to learn yet: not vanishing
+        ({"act_dead": 0.95}, ["dead"]),
+        ({"act_dead": None, "grad_norm": None}, []),
+        ({"act_nan": 1, "grad_norm": 1e6, "act_dead": 1.0}, ["nan", "exploding", "dead"]),
+    ],
+)
+def test_alert_policy(values: dict[str, Any], kinds: list[str]) -> None:
+    raised = alerts.evaluate([_layer(**values)], step=7, limits=alerts.Thresholds())
+    assert [a["kind"] for a in raised] == kinds
+    assert all(a["step"] == 7 and a["layer"] == "fc" and "fc" in a["message"] for a in raised)
+
+
+def test_alert_thresholds_are_settable() -> None:
+    limits = alerts.Thresholds(exploding=10.0)
+    assert [a["kind"] for a in alerts.evaluate([_layer(grad_norm=11.0)], step=0, limits=limits)]
+
+
+def test_the_alerts_cell_of_devbox_ls() -> None:
+    assert protocol.alerts_cell([]) == ""
+    one = alerts.nonfinite_output(step=3)
+    assert protocol.alerts_cell([one]) == "nan"
+    layer = alerts.evaluate([_layer(act_inf=1)], step=1, limits=alerts.Thresholds())[0]
+    assert protocol.alerts_cell([layer, one, one]) == "inf:fc(+2)"
+
+
+def test_activation_statistics_match_plain_torch() -> None:
+    require_torch()
+    import torch
+
+    from devbox.probe import stats
+
+    torch.manual_seed(1)
+    x = torch.relu(torch.randn(16, 10))
+    x[:, 3] = 0.0  # a dead unit
+    mean, std, absmax, zeros, dead, nan, inf = stats.activation(x).tolist()
+    assert math.isclose(mean, float(x.mean()), rel_tol=1e-6)
+    assert math.isclose(std, float(x.std(unbiased=False)), rel_tol=1e-6)
+    assert absmax == float(x.abs().max()) and zeros == pytest.approx(float((x == 0).float().mean()))
+    assert dead == pytest.approx(0.1) and nan == inf == 0
+    image = torch.ones(2, 4, 3, 3)
+    image[:, 1] = 0.0  # channel 1 is dead in an image-like output
+    assert stats.activation(image).tolist()[4] == pytest.approx(0.25)
+    bad = torch.tensor([[1.0, math.nan], [math.inf, -math.inf]])
+    values = stats.activation(bad).tolist()
+    assert math.isnan(values[0]) and values[5:] == [1.0, 2.0]
+    assert math.isnan(stats.activation(torch.ones(3)).tolist()[4])  # 1-D: no units
+
+
+def test_per_layer_norms_and_wire_rows() -> None:
+    require_torch()
+    import torch
+
+    from devbox.probe import stats
+
+    a, b, c = torch.full((3,), 2.0), torch.full((4,), 1.0), torch.tensor([math.nan])
+    owner = torch.tensor([0, 0, 1])
+    norms, bad = stats.per_layer_norms([a, b, c], owner, 3)
+    assert norms[0].item() == pytest.approx(math.sqrt(12 + 4))
+    assert math.isnan(norms[1].item()) and bad.tolist() == [0.0, 1.0, 0.0]
+    assert norms[2].item() == 0.0
+    row = [math.nan] * len(stats.COLUMNS)
+    row[stats.COLUMNS.index("act_nan")] = 4.0
+    (record,) = stats.rows(["x"], [row])
+    assert record["act_mean"] is None and record["act_nan"] == 4 and record["grad_nan"] == 0
+
+
+def test_histogram_and_summary() -> None:
+    require_torch()
+    import torch
+
+    from devbox.probe import stats
+
+    x = torch.tensor([0.0, 1.0, 1.0, 2.0, math.nan])
+    counts, bounds, skipped = stats.histogram(x, 2)
+    assert counts.tolist() == [1.0, 3.0] and bounds.tolist() == [0.0, 2.0] and skipped == 1
+    mean, std, low, high, norm, nan, inf = stats.summary(torch.tensor([3.0, 4.0])).tolist()
+    assert (mean, std, low, high, norm, nan, inf) == (3.5, 0.5, 3.0, 4.0, 5.0, 0.0, 0.0)
+
+
+def test_watch_rejects_bad_input() -> None:
+    require_torch()
+    import torch
+
+    from devbox import probe
+
+    model = torch.nn.Linear(2, 2)
+    with pytest.raises(TypeError, match=r"needs a torch\.nn\.Module"):
+        probe.watch(object())
+    for every in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="every must be a whole number"):
+            probe.watch(model, every=every)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="no layer matches"):
+        probe.watch(torch.nn.Sequential(model), layers=["nope*"])
+
+
+def test_the_link_goes_quiet_and_reconnects() -> None:
+    """With no agent the probe costs nothing and trains on; an agent that comes (or comes
+    back) gets a new hello and the reports."""
+    require_torch()
+    import torch
+
+    from devbox import probe
+
+    folder = Path(tempfile.mkdtemp(prefix="dbx"))
+    path = str(folder / "p.sock")
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    watcher = probe.watch(
+        model, every=1, find_socket=lambda: path if os.path.exists(path) else None
+    )
+
+    def train(steps: int) -> None:
+        for _ in range(steps):
+            optimizer.zero_grad()
+            model(torch.randn(8, 4)).sum().backward()
+            optimizer.step()
+
+    train(5)  # no agent: nothing to send, nothing raised
+    assert not watcher.link.connected and watcher.step == 5
+
+    for round_ in range(2):  # an agent, then (after it died) a new one at the same path
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(path)
+        server.listen()
+        conn, _ = server.accept()
+        conn.sendall(protocol.encode(protocol.PROBE_CONTROL, watching=True))
+        reader = conn.makefile("rb")
+        assert protocol.decode(reader.readline()).type == protocol.PROBE_HELLO
+        _wait(lambda: watcher.watching and watcher.link.connected)
+        got: list[protocol.Frame] = []
+        feeder = threading.Thread(
+            target=lambda got=got, reader=reader: got.append(protocol.decode(reader.readline()))
+        )
+        feeder.start()
+        train(2)
+        feeder.join(10)
+        assert got and got[0].type == protocol.PROBE_STATS, round_
+        assert len(got[0].body["layers"]) == 2
+        reader.close()
+        conn.close()
+        server.close()
+        os.unlink(path)
+        _wait(lambda: not watcher.link.connected)
+        train(3)  # the agent is gone: training goes on
+    watcher.close()
+
+
+def _wait(condition: Any, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+
+
+def test_without_torch_the_probe_says_it_needs_torch() -> None:
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "import devbox.probe as p\n"
+        "try:\n    p.watch(object())\nexcept p.ProbeUnavailable as e:\n    print(e)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO
+    )
+    assert out.stdout.strip() == (
+        "devbox.probe needs PyTorch in this Python environment (pip install torch)"
+    )
+
+
+def test_importing_the_probe_does_not_import_torch() -> None:
+    code = "import sys, devbox, devbox.probe; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
