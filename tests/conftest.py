@@ -31,6 +31,21 @@ def nvml_lib_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return out
 
 
+def ls_table(text: str) -> dict[str, dict[str, str]]:
+    """`devbox ls`'s table by box name and column, cut at the header's column starts (a
+    cell such as RELEASE "in 4m" holds a space, so words from the end do not line up)."""
+    lines = text.splitlines()
+    header = lines[0]
+    names = header.split()
+    starts = [header.index(f" {n}") + 1 if i else 0 for i, n in enumerate(names)]
+    ends = [*starts[1:], None]
+    return {
+        line.split()[0]: {n: line[a:b].strip() for n, a, b in zip(names, starts, ends, strict=True)}
+        for line in lines[1:]
+        if line.strip()
+    }
+
+
 @dataclass
 class User:
     """One devbox user on this machine: their environment and a way to run `devbox`."""

@@ -9,7 +9,7 @@ import sys
 import time
 
 from tests import nvml_sim
-from tests.conftest import PROMPT, User
+from tests.conftest import PROMPT, User, ls_table
 from tests.terminal import Terminal
 
 DEVBOX = f"{sys.executable} -m devbox"
@@ -61,8 +61,8 @@ def test_idle_box_is_warned_in_its_session_then_released_while_training_goes_on(
     try:
         term.wait_for(shell, "devbox: box idle has been idle", timeout=30)
         table = user.devbox("ls", check=True).stdout.decode()
-        row = next(line for line in table.splitlines() if line.startswith("idle "))
-        assert row.split()[-2].endswith("s") and row.split()[-3] == "in", table
+        release = ls_table(table)["idle"]["RELEASE"]
+        assert release.startswith("in ") and release.endswith("s"), table
         listed = _ls(user)["idle"]
         assert listed["release_reason"] == "idle" and float(listed["release_at"]) > time.time()
         _wait("the idle box's release", lambda: "idle" not in _ls(user))

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 
 from tests import nvml_sim
-from tests.conftest import REPO
+from tests.conftest import REPO, ls_table
 from tests.k8s.conftest import Cluster, KubeUser
 from tests.terminal import Terminal
 
@@ -222,12 +222,8 @@ def test_autoscaler_on_the_real_control_plane(kube: KubeUser, tmp_path: Path) ->
         term.wait_for(shell, "devbox: box idle has been idle", timeout=60)
         idle_pod = boxes["idle"]["extra"]["pod"]
         release_at = float(k.pod(idle_pod)["metadata"]["annotations"]["devbox.io/release-at"])  # type: ignore[index]
-        row = next(
-            line
-            for line in kube.devbox("ls", check=True).stdout.decode().splitlines()
-            if line.startswith("idle ")
-        )
-        assert row.split()[-3] == "in" and row.split()[-1] == "-", row
+        row = ls_table(kube.devbox("ls", check=True).stdout.decode())["idle"]
+        assert row["RELEASE"].startswith("in ") and row["KEPT"] == "-", row
 
         # Restart mid-way: the recorded warning stands; nothing is warned or released twice.
         procs[0].send_signal(signal.SIGKILL)
@@ -248,8 +244,8 @@ def test_autoscaler_on_the_real_control_plane(kube: KubeUser, tmp_path: Path) ->
             lambda: "devbox.io/unhealthy-since" in k.pod(silent_pod)["metadata"]["annotations"],  # type: ignore[index]
         )
         listing = kube.devbox("ls", check=True)
-        row = next(ln for ln in listing.stdout.decode().splitlines() if ln.startswith("silent "))
-        assert row.split()[-2] == "unhealthy" and b"agent silent for" in listing.stderr
+        row = ls_table(listing.stdout.decode())["silent"]
+        assert row["RELEASE"] == "unhealthy" and b"agent silent for" in listing.stderr
         assert "DevboxAgentSilent" in k.events(silent_pod)
         assert k.pod(silent_pod) is not None
 
