@@ -12,6 +12,7 @@ from devbox import protocol
 from devbox.boxes import Box
 from devbox.errors import DevboxError
 from devbox.protocol import ProbeRequest
+from devbox.ssh import frames as frames_mod
 from devbox.ssh._asyncssh import asyncssh
 from devbox.ssh.client import connect
 
@@ -41,17 +42,8 @@ async def frames(
             process.stdin.write(protocol.encode(protocol.PROBE_REQUEST, **request))
         if outbox is not None:
             pump = asyncio.ensure_future(_pump(outbox, process.stdin.write))
-        while line := await process.stdout.readline():
-            try:
-                frame = protocol.decode(line)
-            except protocol.ProtocolError as exc:
-                raise DevboxError(f"box {box} sent a malformed probe frame: {exc}") from None
-            if frame.type == protocol.ERROR:
-                raise DevboxError(f"box {box}: {frame.body.get('message', 'the probe failed')}")
-            if frame.type in _KINDS:
-                yield frame
-        err = (await process.stderr.read()).decode(errors="replace").strip()
-        raise DevboxError(f"box {box} ended the probe stream" + (f": {err}" if err else ""))
+        async for frame in frames_mod.read(process, box=box, what="probe", kinds=_KINDS):
+            yield frame
     finally:
         if pump is not None:
             pump.cancel()

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Callable
 from devbox import protocol
 from devbox.boxes import Box
 from devbox.errors import DevboxError
+from devbox.ssh import frames as frames_mod
 from devbox.ssh._asyncssh import asyncssh
 from devbox.ssh.client import connect
 
@@ -27,19 +28,9 @@ async def frames(
     )
     try:
         process.stdin.write(protocol.encode(protocol.SUBSCRIBE, rate=rate, history=history))
-        while line := await process.stdout.readline():
-            try:
-                frame = protocol.decode(line)
-            except protocol.ProtocolError as exc:
-                raise DevboxError(f"box {box} sent a malformed telemetry frame: {exc}") from None
-            if frame.type == protocol.ERROR:
-                raise DevboxError(f"box {box}: {frame.body.get('message', 'telemetry failed')}")
-            if frame.type in (protocol.HISTORY, protocol.SAMPLE):
-                yield frame  # HELLO and types newer than this client are skipped
-        # The channel closed without an ERROR frame: an agent without telemetry says so
-        # on stderr (an older agent), or the box went away.
-        err = (await process.stderr.read()).decode(errors="replace").strip()
-        raise DevboxError(f"box {box} ended the telemetry stream" + (f": {err}" if err else ""))
+        kinds = (protocol.HISTORY, protocol.SAMPLE)
+        async for frame in frames_mod.read(process, box=box, what="telemetry", kinds=kinds):
+            yield frame
     finally:
         process.close()
 
