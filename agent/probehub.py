@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.telemetry import REQUEST_TIMEOUT as FIRST_TIMEOUT
-from agent.telemetry import RequestError, _LineReader
+from agent.telemetry import RequestError, _fail, _LineReader
 from devbox import protocol
 from devbox.protocol import ProbeAlert
 
@@ -312,8 +312,3 @@ class ProbeHub:
 
 def _reply_error(request_id: int, pid: int, message: str) -> bytes:
     return protocol.encode(protocol.PROBE_REPLY, id=request_id, pid=pid, step=0, error=message)
-
-
-def _fail(write: Callable[[bytes], None], message: str) -> int:
-    write(protocol.encode(protocol.ERROR, message=message))
-    return 1
