@@ -75,27 +75,40 @@ def test_the_alerts_cell_of_devbox_ls() -> None:
     assert protocol.alerts_cell([layer, one, one]) == "inf:fc(+2)"
 
 
-def test_activation_statistics_match_plain_torch() -> None:
+@pytest.mark.parametrize("path", ["activation", "on_device"])
+def test_activation_statistics_match_plain_torch(path: str) -> None:
+    # `activation` on a CPU tensor takes the float-ops-only CPU path; `on_device` is what
+    # runs on a GPU and inside a torch.compile graph (and on the CPU once NaN/Inf appear).
     require_torch()
     import torch
 
     from devbox.probe import stats
 
+    activation = getattr(stats, path)
     torch.manual_seed(1)
     x = torch.relu(torch.randn(16, 10))
     x[:, 3] = 0.0  # a dead unit
-    mean, std, absmax, zeros, dead, nan, inf = stats.activation(x).tolist()
+    mean, std, absmax, zeros, dead, nan, inf = activation(x).tolist()
     assert math.isclose(mean, float(x.mean()), rel_tol=1e-6)
     assert math.isclose(std, float(x.std(unbiased=False)), rel_tol=1e-6)
     assert absmax == float(x.abs().max()) and zeros == pytest.approx(float((x == 0).float().mean()))
     assert dead == pytest.approx(0.1) and nan == inf == 0
+    far = 1e4 + torch.randn(64, 8)  # a mean far from zero: no cancellation in the std
+    mean, std = activation(far).tolist()[:2]
+    assert math.isclose(std, float(far.double().std(unbiased=False)), rel_tol=1e-3)
+    assert math.isclose(mean, float(far.double().mean()), rel_tol=1e-6)
     image = torch.ones(2, 4, 3, 3)
     image[:, 1] = 0.0  # channel 1 is dead in an image-like output
-    assert stats.activation(image).tolist()[4] == pytest.approx(0.25)
+    assert activation(image).tolist()[3:5] == pytest.approx([0.25, 0.25])
     bad = torch.tensor([[1.0, math.nan], [math.inf, -math.inf]])
-    values = stats.activation(bad).tolist()
+    values = activation(bad).tolist()
     assert math.isnan(values[0]) and values[5:] == [1.0, 2.0]
-    assert math.isnan(stats.activation(torch.ones(3)).tolist()[4])  # 1-D: no units
+    only_inf = activation(torch.tensor([[0.0, math.inf], [2.0, 0.0]])).tolist()
+    assert only_inf[2] == math.inf and only_inf[3] == 0.5 and only_inf[5:] == [0.0, 1.0]
+    assert math.isnan(activation(torch.ones(3)).tolist()[4])  # 1-D: no units
+    assert activation(torch.zeros(3, dtype=torch.float16)).tolist()[2:4] == [0.0, 1.0]
+    empty = stats.activation(torch.zeros(0, 5)).tolist()
+    assert all(math.isnan(v) for v in empty[:5]) and empty[5:] == [0.0, 0.0]
 
 
 def test_per_layer_norms_and_wire_rows() -> None:
