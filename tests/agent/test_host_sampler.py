@@ -198,9 +198,10 @@ def test_a_busy_process_shows_its_cpu_from_the_second_read(procs: Procs, reader:
     after, t1 = sum(handle.cpu_times()[:2]), time.monotonic()
     entry = by_pid(second)[busy.pid]
     # What the kernel says it used over (about) the same second: on a loaded 2-core CI
-    # machine a busy loop may get far less than a whole core, so no fixed threshold.
+    # machine a busy loop may get far less than a whole core (6.8% was seen), so the
+    # check is agreement with the kernel, given the loop ran at all.
     used = (after - before) / (t1 - t0) * 100
-    assert entry["cpu"] is not None and used > 10
+    assert entry["cpu"] is not None and used > 1
     assert abs(entry["cpu"] - used) < max(15.0, 0.25 * used)
     assert entry["ppid"] == os.getpid()
     assert entry["name"].startswith("python")

@@ -62,6 +62,8 @@ async def test_model_screen_snapshot(tmp_path: Path) -> None:
         await until(lambda: isinstance(app.screen, ModelScreen) and app.screen.query("#layers"))
         table = app.screen.query_one("#layers", DataTable)
         await until(lambda: table.row_count == LAYERS and "no alerts" in text(app, "#alerts"))
+        # The footer lays out its keys on its own schedule; a loaded machine shows that.
+        await until(lambda: len(app.screen.query("FooterKey")) > 0)
         await pilot.pause(0.5)
         svg = app.export_screenshot(title="devbox tui")
     check(svg, "model.svg", tmp_path)

@@ -39,6 +39,8 @@ async def test_boxes_screen(tmp_path: Path) -> None:
         await until(lambda: len(app.store.views) == 6)
         await until(lambda: all(v.sample for v in app.store.views.values()))
         await pilot.press("j", "j")
+        # The footer lays out its keys on its own schedule; a loaded machine shows that.
+        await until(lambda: len(app.screen.query("FooterKey")) > 0)
         await pilot.pause(0.3)
         svg = app.export_screenshot(title="devbox tui")
     check(svg, "boxes.svg", tmp_path)
@@ -52,6 +54,8 @@ async def test_box_screen(tmp_path: Path) -> None:
         await until(lambda: len(app.screen.query(GpuPanel)) == 4)
         # The runs table's rows change the scroll bar: draw once they are in.
         await until(lambda: app.screen.query_one("#runs", DataTable).row_count == 2)
+        # The footer lays out its keys on its own schedule; a loaded machine shows that.
+        await until(lambda: len(app.screen.query("FooterKey")) > 0)
         await pilot.pause(0.3)
         svg = app.export_screenshot(title="devbox tui")
     check(svg, "box.svg", tmp_path)
