@@ -81,7 +81,9 @@ def test_real_runs_in_the_dashboard(user: User, term: Terminal) -> None:
     term.wait_for(target, "running")
     term.send(target, "Enter")
     term.wait_for(target, "Runs (l: log, a: attach)")
-    term.wait_for(target, run_id)
+    # The row itself: the id alone also shows in the process list (screen's `-t run-ID`)
+    # before the runs table has it, and `l` on an empty table opens nothing.
+    term.wait_for(target, f"{run_id}  running")
     term.send(target, "l")
     term.wait_for(target, f"run {run_id} on exp")
     term.wait_for(target, "tick-")
