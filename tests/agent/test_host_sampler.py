@@ -19,6 +19,7 @@ import pytest
 import agent.host
 from agent.host import CMDLINE_CHARS, HostSampler
 from devbox.protocol import BoxProcess
+from tests.waiting import wait_until
 
 MARKER = ("DEVBOX_BOX", "testbox")
 
@@ -87,11 +88,7 @@ def reader(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> s
     return str(request.param)
 
 
-def wait_for(check: Callable[[], bool], timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
+wait_for = wait_until
 
 
 def execed(pid: int, word: str) -> Callable[[], bool]:

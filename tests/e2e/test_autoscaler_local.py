@@ -7,10 +7,12 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 from tests import nvml_sim
 from tests.conftest import PROMPT, User, ls_table
 from tests.terminal import Terminal
+from tests.waiting import wait_until
 
 DEVBOX = f"{sys.executable} -m devbox"
 SETTINGS = """
@@ -27,11 +29,8 @@ def _ls(user: User) -> dict[str, dict[str, object]]:
     return {b["name"]: b for b in json.loads(user.devbox("ls", "--json", check=True).stdout)}
 
 
-def _wait(what: str, check: object, timeout: float = 40) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():  # type: ignore[operator]
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
+def _wait(what: str, check: Callable[[], object], timeout: float = 40) -> None:
+    wait_until(check, timeout, what, every=0.2)
 
 
 def test_idle_box_is_warned_in_its_session_then_released_while_training_goes_on(

@@ -23,6 +23,7 @@ from tests import nvml_sim
 from tests.conftest import REPO, ls_table
 from tests.k8s.conftest import Cluster, KubeUser
 from tests.terminal import Terminal
+from tests.waiting import wait_until
 
 DEVBOX = f"{sys.executable} -m devbox"
 
@@ -51,13 +52,7 @@ size = 2
 
 
 def _wait(what: str, check: Callable[[], Any], timeout: float = 90) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.3)
+    return wait_until(check, timeout, what, every=0.3)
 
 
 class Kube:

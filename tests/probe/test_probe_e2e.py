@@ -18,6 +18,7 @@ import pytest
 
 from tests.conftest import REPO, User
 from tests.probe import require_torch
+from tests.waiting import wait_until
 
 TRAIN = REPO / "tests/probe/train.py"
 
@@ -66,13 +67,7 @@ def trainers(user: User) -> Iterator[Any]:
 
 
 def _until(condition: Any, timeout: float = 60.0, what: str = "condition") -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"{what} never held"
-        time.sleep(0.2)
+    return wait_until(condition, timeout, what, every=0.2)
 
 
 def _probe_json(user: User, box: str, *args: str) -> list[dict[str, Any]]:

@@ -10,7 +10,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +20,7 @@ from devbox.probe import alerts
 from devbox.protocol import LayerStats
 from tests.conftest import REPO
 from tests.probe import require_torch
+from tests.waiting import wait_until
 
 
 def _layer(**values: Any) -> LayerStats:
@@ -210,11 +210,7 @@ def test_the_link_goes_quiet_and_reconnects() -> None:
     watcher.close()
 
 
-def _wait(condition: Any, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+_wait = wait_until
 
 
 def test_without_torch_the_probe_says_it_needs_torch() -> None:
