@@ -1,18 +1,23 @@
 """What devbox.probe costs a training loop, against no probe and against wandb.watch.
 
-One process, one model, interleaved rounds compared pairwise (drift hits all variants
-alike): step time with no probe, with the probe reporting every step (every step observed)
-and every 50, and with wandb.watch(model, log="all", log_freq=same) in offline mode. The
-probe reports to an in-process stand-in for the agent that says "watching" and reads every
-frame, so it does its full work. Then torch.compile: the probe on a compiled model,
-counting graphs compiled after warm-up (it must be none).
+One process, five copies of one model (same seed), one per variant: no probe, the probe
+reporting every step (every step observed) and every N, and wandb.watch(model, log="all",
+log_freq=same) in offline mode. The probe reports to an in-process stand-in for the agent
+that says "watching" and reads every frame, so it does its full work. The variants take
+turns step by step (each cycle one step of each, the order rotating), so that a shared
+machine's drift, which moves a step's cost by 30% within seconds, hits all of them alike;
+the cycles are grouped in windows of N, each with exactly one observed step of the every-N
+probe, and every ratio is the median over windows of the ratio within a window. Then
+torch.compile: the probe on a compiled model, counting graphs compiled after warm-up (it
+must be none).
 
-    python benchmarks/bench_probe.py [--steps 100] [--rounds 9] [--device cpu|cuda]
+    python benchmarks/bench_probe.py [--windows 12] [--every 50] [--device cpu|cuda]
 
-Steps are timed by the process's CPU time on the CPU (all threads, so the probe's own thread
-counts; other users of a shared machine barely move it) and by wall time on CUDA.
-Prints JSON: ms per step for each variant, and overhead and probe/wandb ratios, each the
-median over rounds of the ratio within a round.
+A step's cost on the CPU is the training thread's CPU time (one intra-op thread, so all
+of the step's work), plus for a probe the CPU time of its link thread in the same window
+(charged to its observed steps). wandb's own threads and its service process are not
+counted, which favours wandb. On CUDA it is wall time, with a synchronize per step for
+the clock only. Prints JSON: ms per step for each variant, overheads, probe/wandb ratios.
 """
 
 from __future__ import annotations
@@ -94,19 +99,19 @@ class Loop:
         self.cuda = device == "cuda"
         self.clock = time.perf_counter
 
-    def steps(self, n: int) -> list[float]:
-        times = []
+    def step(self) -> float:
         clock = self.clock
-        for _ in range(n):
-            start = clock()
-            self.optimizer.zero_grad(set_to_none=True)
-            loss = ((self.run(self.x) - self.y) ** 2).mean()
-            loss.backward()
-            self.optimizer.step()
-            if self.cuda:
-                torch.cuda.synchronize()  # for the clock only; the probe never does this
-            times.append(clock() - start)
-        return times
+        start = clock()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss = ((self.run(self.x) - self.y) ** 2).mean()
+        loss.backward()
+        self.optimizer.step()
+        if self.cuda:
+            torch.cuda.synchronize()  # for the clock only; the probe never does this
+        return clock() - start
+
+    def steps(self, n: int) -> list[float]:
+        return [self.step() for _ in range(n)]
 
 
 def _wait_connected(watcher: Any) -> None:
@@ -120,69 +125,82 @@ def _wait_connected(watcher: Any) -> None:
 def measure(args: argparse.Namespace, path: str) -> dict[str, Any]:
     import wandb
 
-    torch.manual_seed(0)
-    model = make_model(args.width, args.depth, args.device)
-    loop = Loop(model, batch=args.batch, width=args.width, device=args.device)
-    if args.clock == "cpu" or (args.clock is None and args.device != "cuda"):
-        loop.clock = time.process_time
+    every = args.every
+    variants = ["none", "probe_every_1", f"probe_every_{every}", "wandb_every_1"]
+    variants.append(f"wandb_every_{every}")
+    cpu = args.clock == "cpu" or (args.clock is None and args.device != "cuda")
+    loops: dict[str, Loop] = {}
+    for variant in variants:
+        torch.manual_seed(0)
+        model = make_model(args.width, args.depth, args.device)
+        loops[variant] = Loop(model, batch=args.batch, width=args.width, device=args.device)
+        if cpu:
+            loops[variant].clock = time.thread_time
     # wandb's service process starts first: its start-up must not land in a measurement.
     run = wandb.init(project="devbox-bench", mode="offline", dir=tempfile.mkdtemp())
     time.sleep(2.0)
-    loop.steps(args.warmup)
-    every = args.every
-    variants = [
-        "none",
-        "probe_every_1",
-        f"probe_every_{every}",
-        "wandb_every_1",
-        f"wandb_every_{every}",
-    ]
-    # Per round, each variant's median step; compared within the round (paired), so that a
-    # neighbour's load on a shared machine hits the numerator and denominator alike.
-    rounds: list[dict[str, float]] = []
-    for _ in range(args.rounds):
-        medians: dict[str, float] = {}
-        for variant in variants:
-            watcher = None
-            n = int(variant.rsplit("_", 1)[1]) if variant != "none" else 0
-            if variant.startswith("probe"):
-                watcher = probe.watch(model, every=n, find_socket=lambda: path)
-                _wait_connected(watcher)
-                loop.steps(2)  # the first report pays one-time costs (pinned buffers)
-                while watcher.step % every:
-                    loop.steps(1)  # start at an observed step
-            elif variant.startswith("wandb"):
-                wandb.watch(model, log="all", log_freq=n)
-            times = loop.steps(max(every, args.steps // every * every))
-            if watcher is not None:
-                watcher.close()
-            elif variant.startswith("wandb"):
-                wandb.unwatch(model)
-            if variant == f"probe_every_{every}":
-                medians[f"probe_every_{every}_observed_steps"] = statistics.median(times[::every])
-                rest = [t for i, t in enumerate(times) if i % every]
-                medians[f"probe_every_{every}_unobserved_steps"] = statistics.median(rest)
-                # The mean, not the median: one step in `every` is the expensive one.
-                medians[variant] = statistics.fmean(times)
-            elif variant == f"wandb_every_{every}":
-                medians[variant] = statistics.fmean(times)
-            else:
-                medians[variant] = statistics.median(times)
-        rounds.append(medians)
+    watchers: dict[str, Any] = {}
+    for variant in variants:
+        n = int(variant.rsplit("_", 1)[1]) if variant != "none" else 0
+        if variant.startswith("probe"):
+            watchers[variant] = probe.watch(loops[variant].model, every=n, find_socket=lambda: path)
+            _wait_connected(watchers[variant])
+        elif variant.startswith("wandb"):
+            wandb.watch(loops[variant].model, log="all", log_freq=n)
+    for loop in loops.values():
+        loop.steps(args.warmup)  # the first report pays one-time costs (pinned buffers)
+    sparse = watchers[f"probe_every_{every}"]
+    while sparse.step % every:
+        loops[f"probe_every_{every}"].step()  # windows start at an observed step
+
+    def link_cpu() -> dict[str, float]:
+        return {v: w.link.cpu_time() if cpu else 0.0 for v, w in watchers.items()}
+
+    windows: list[dict[str, float]] = []
+    cycle = 0
+    for _ in range(args.windows):
+        spent = dict.fromkeys(variants, 0.0)
+        observed = unobserved = 0.0
+        links = link_cpu()
+        for _ in range(every):
+            order = variants[cycle % len(variants) :] + variants[: cycle % len(variants)]
+            cycle += 1
+            for variant in order:
+                due = variant == f"probe_every_{every}" and sparse.step % every == 0
+                t = loops[variant].step()
+                spent[variant] += t
+                if due:
+                    observed += t
+                elif variant == f"probe_every_{every}":
+                    unobserved += t
+        now = link_cpu()
+        for variant, before in links.items():
+            spent[variant] += now[variant] - before
+        # The link thread's work in a window is the observed step's report.
+        observed += now[f"probe_every_{every}"] - links[f"probe_every_{every}"]
+        window = {v: spent[v] / every for v in variants}
+        window[f"probe_every_{every}_observed_steps"] = observed
+        window[f"probe_every_{every}_unobserved_steps"] = unobserved / max(1, every - 1)
+        windows.append(window)
+    for watcher in watchers.values():
+        watcher.close()
     run.finish()
 
     def ratio(a: str, b: str) -> float:
-        return round(statistics.median(r[a] / r[b] for r in rounds), 4)
+        return round(statistics.median(w[a] / w[b] for w in windows), 4)
 
-    keys = list(rounds[0])
+    keys = list(windows[0])
     return {
-        "ms_per_step_median_of_rounds": {
-            k: round(1e3 * statistics.median(r[k] for r in rounds), 3) for k in keys
+        "ms_per_step_median_of_windows": {
+            k: round(1e3 * statistics.median(w[k] for w in windows), 3) for k in keys
         },
         "overhead_vs_none": {
             f"probe_every_{every}_mean_step": round(ratio(f"probe_every_{every}", "none") - 1, 4),
             f"probe_every_{every}_unobserved_steps": round(
                 ratio(f"probe_every_{every}_unobserved_steps", "none") - 1, 4
+            ),
+            f"probe_every_{every}_observed_steps": round(
+                ratio(f"probe_every_{every}_observed_steps", "none") - 1, 4
             ),
             "probe_observed_steps (every=1)": round(ratio("probe_every_1", "none") - 1, 4),
             f"wandb_every_{every}_mean_step": round(ratio(f"wandb_every_{every}", "none") - 1, 4),
@@ -192,7 +210,8 @@ def measure(args: argparse.Namespace, path: str) -> dict[str, Any]:
             f"every_{every}": ratio(f"probe_every_{every}", f"wandb_every_{every}"),
             "every_1": ratio("probe_every_1", "wandb_every_1"),
         },
-        "rounds": len(rounds),
+        "windows": len(windows),
+        "steps_per_variant": len(windows) * every,
     }
 
 
@@ -222,8 +241,7 @@ def compiled(args: argparse.Namespace, path: str) -> dict[str, Any]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    p.add_argument("--steps", type=int, default=100, help="steps per variant per round")
-    p.add_argument("--rounds", type=int, default=9)
+    p.add_argument("--windows", type=int, default=12, help="windows of --every cycles")
     p.add_argument("--warmup", type=int, default=20)
     p.add_argument("--every", type=int, default=50)
     p.add_argument("--width", type=int, default=512)
@@ -250,7 +268,6 @@ def main() -> None:
             "device": args.device,
             "torch": torch.__version__,
             "model": f"MLP {args.depth}x{args.width}, batch {args.batch}, Adam",
-            "steps_per_variant": args.steps * args.rounds,
             "clock": clock,
             **measure(args, path),
         }

@@ -14,6 +14,7 @@ import queue
 import select
 import socket
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,11 @@ class Link:
         self._find = find
         self._jobs: queue.Queue[Job] = queue.Queue(maxsize=QUEUE)
         self._stop = threading.Event()
+        # The thread sleeps in select on the agent's socket and this pair, which `submit`
+        # and `close` poke: no polling, so an idle link costs no CPU at all.
+        self._wake_out, self._wake_in = socket.socketpair()
+        self._wake_out.setblocking(False)
+        self._wake_in.setblocking(False)
         self._thread = threading.Thread(target=self._run, name="devbox-probe", daemon=True)
         # Read by the training thread without a lock: a stale value costs one report.
         self.connected = False
@@ -65,8 +71,14 @@ class Link:
     def start(self) -> None:
         self._thread.start()
 
+    def cpu_time(self) -> float:
+        """CPU seconds the link thread has used (what a benchmark adds to the steps)."""
+        ident = self._thread.ident
+        return 0.0 if ident is None else time.clock_gettime(time.pthread_getcpuclockid(ident))
+
     def close(self) -> None:
         self._stop.set()
+        self._wake()
 
     def submit(self, job: Job) -> None:
         if not self.connected:  # a report made as the link dropped: nobody to send it to
@@ -76,10 +88,24 @@ class Link:
             self._jobs.put_nowait(job)
         except queue.Full:
             self.dropped += 1
+            return
+        self._wake()
+
+    def _wake(self) -> None:
+        # Full (a wake-up is pending anyway) or closed (the thread is gone): nothing to do.
+        with contextlib.suppress(OSError):
+            self._wake_out.send(b"\0")
 
     # --- the thread -------------------------------------------------------------------
 
     def _run(self) -> None:
+        try:
+            self._connect_and_serve()
+        finally:
+            self._wake_in.close()
+            self._wake_out.close()
+
+    def _connect_and_serve(self) -> None:
         attempt = 0
         while not self._stop.is_set():
             path = self._find()
@@ -117,11 +143,15 @@ class Link:
         self.connected = True
         buffer = b""
         while not self._stop.is_set():
-            try:
-                job = self._jobs.get(timeout=0.05)
-            except queue.Empty:
-                job = None
-            if job is not None:
+            readable, _, _ = select.select([sock, self._wake_in], [], [])
+            if self._wake_in in readable:
+                with contextlib.suppress(BlockingIOError):
+                    self._wake_in.recv(4096)  # before the jobs: a later one pokes again
+            while True:
+                try:
+                    job = self._jobs.get_nowait()
+                except queue.Empty:
+                    break
                 try:
                     frames = job()
                 except Exception:  # a bad report must not end the link
@@ -129,7 +159,8 @@ class Link:
                     frames = []
                 for frame in frames:
                     sock.sendall(frame)
-            buffer = self._receive(sock, buffer)
+            if sock in readable:
+                buffer = self._receive(sock, buffer)
 
     def _receive(self, sock: socket.socket, buffer: bytes) -> bytes:
         # select, not MSG_DONTWAIT: a socket with a timeout waits for data whatever the flags.

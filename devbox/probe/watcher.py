@@ -9,11 +9,11 @@ A "step" is one optimizer step of an optimizer that holds the model's parameters
 through torch's global optimizer hooks, so `watch` needs no optimizer argument); a model
 trained without a torch optimizer counts forward passes in training mode instead.
 
-Update/weight ratio: the optimizer step is hooked, and on observed steps only the watched
-parameters are copied before it (one fused kernel) and compared after it. That is exact for
-any optimizer (Adam's update is not lr * grad) and costs a transient copy on observed steps
-only, where comparing weights between report steps would hold a copy for the whole interval
-and measure N steps, not one.
+Update/weight ratio: the optimizer step is hooked, and on observed steps only a fixed sample
+of each watched parameter (stats.SAMPLE entries; all of a smaller one) is copied before it
+and compared after it. That measures the real update of any optimizer (Adam's is not
+lr * grad) over exactly one step, where comparing weights between report steps would hold a
+copy of the model for the whole interval and measure N steps, not one.
 """
 
 from __future__ import annotations
@@ -84,13 +84,14 @@ class Watcher:
         self._observing = False  # the current step is observed (layer hooks compute)
         self._due = False
         self._force = False  # the next step is observed: a check found NaN, or a request
-        self._acts: list[tuple[int, torch.Tensor]] = []
+        self._acts: list[tuple[int, stats.Row]] = []
         self._keep: set[int] = set()  # layers whose output a request wants this step
         self._kept: dict[int, torch.Tensor] = {}
         self._params_part: torch.Tensor | None = None
         self._before: list[torch.Tensor] | None = None
-        self._cpu_buffers: list[torch.Tensor] | None = None
         self._before_norms: torch.Tensor | None = None
+        self._samples: list[torch.Tensor | None] = []  # stats.sample_indices per parameter
+        self._scratch = stats.Scratch()
         self._in_step = False  # a forward ran since the last step ended
         self._stepper: weakref.ref[torch.optim.Optimizer] | None = None
         self._owned: dict[int, bool] = {}
@@ -142,7 +143,7 @@ class Watcher:
                     if out is None:
                         return
                 if out.is_floating_point():
-                    self._acts.append((index, stats.activation(out)))
+                    self._acts.append((index, stats.activation(out, self._scratch)))
                 if index in self._keep:
                     self._kept[index] = out.detach()
 
@@ -184,7 +185,8 @@ class Watcher:
         """Every step while watched (at report steps otherwise), unless the step is observed
         anyway: is the model's output finite? NaN/Inf anywhere upstream reaches it (a NaN
         born in the backward pass does at the next step, through the weights). One small
-        reduction; the link thread reads the answer."""
+        reduction; on a GPU the link thread reads the answer, on the CPU (where reading
+        is free) the training thread does, and the link hears only of a bad one."""
         if self._observing or not self.model.training or not self.link.connected:
             return
         if not (self.watching or self._due):
@@ -193,7 +195,11 @@ class Watcher:
             out = next((o for o in _flat(out) if isinstance(o, torch.Tensor)), None)
         if out is not None and out.is_floating_point():
             total = out.detach().sum(dtype=torch.float32)
-            self._submit_check(to_host(total.reshape(1)), self.step)
+            if total.device.type != "cpu":
+                self._submit_check(to_host(total.reshape(1)), self.step)
+            elif not math.isfinite(total.item()):  # on the CPU reading it is free
+                self._force = True
+                self._submit_check(lambda: [math.nan], self.step)
 
     def _owns(self, optimizer: torch.optim.Optimizer) -> bool:
         key = id(optimizer)
@@ -228,7 +234,8 @@ class Watcher:
         nan = torch.full((layers,), math.nan, device=device)
         grad_norm = torch.where(has_grad, grad_norm, nan)
         weight_norm = torch.where(has_params, weight_norm, nan)
-        self._before = self._copy(params)
+        samples = self._sample_indices(params)
+        self._before = [stats.pick(p, i, copy=True) for p, i in zip(params, samples, strict=True)]
         self._before_norms = weight_norm
         self._params_part = torch.stack([grad_norm, grad_bad, weight_norm, nan], 1)
         self._answer_parameter_requests()
@@ -238,10 +245,15 @@ class Watcher:
             return
         if self._before is not None and self._params_part is not None:
             params = [p.detach() for _, p in self._param_owner]
-            torch._foreach_sub_(self._before, params)  # in place: no second copy
-            diffs = self._before
+            samples = self._sample_indices(params)
+            after = [stats.pick(p, i, copy=False) for p, i in zip(params, samples, strict=True)]
+            torch._foreach_sub_(self._before, after)  # in place: no second copy
+            # Sums of squares of the sampled differences, scaled up to the whole tensor.
+            norms = torch.stack(torch._foreach_norm(self._before)).float()
+            scale = self._const("scale", self._sample_scale(params), torch.float32)
             owner = self._const("owner", tuple(i for i, _ in self._param_owner), torch.long)
-            moved, _ = stats.per_layer_norms(diffs, owner, len(self.names))
+            squares = torch.zeros(len(self.names), device=owner.device)
+            moved = squares.index_add_(0, owner, norms * norms * scale).sqrt()
             assert self._before_norms is not None
             ratio = moved / self._before_norms  # 0/0 (no weights): NaN, sent as null
             self._params_part[:, 3] = ratio
@@ -262,7 +274,11 @@ class Watcher:
         act = torch.full((layers, stats.ACT), math.nan, device=device)
         if self._acts:
             rows = self._const("owner", tuple(i for i, _ in self._acts), torch.long)
-            act[rows] = torch.stack([v.to(device, non_blocking=True) for _, v in self._acts])
+            values = [v for _, v in self._acts]
+            if all(isinstance(v, list) for v in values):  # computed on the CPU: numbers
+                act[rows] = torch.tensor(values, device=device)
+            else:
+                act[rows] = torch.stack([torch.as_tensor(v).to(device) for v in values])
         part = self._params_part
         if part is None:
             part = torch.full((layers, len(stats.PARAM_COLUMNS)), math.nan, device=device)
@@ -273,17 +289,18 @@ class Watcher:
         self._submit_report(step, to_host(matrix))
         self._answer_leftover_requests(step)
 
-    def _copy(self, params: list[torch.Tensor]) -> list[torch.Tensor]:
-        """The parameters before the optimizer step. On a GPU a fresh copy (the caching
-        allocator makes it cheap, and the memory is back after the step); on the CPU into
-        buffers kept while watched, since fresh large allocations there cost page faults
-        (3 ms a step for a 6 MB model, benchmarks/bench_probe.py)."""
-        if params and params[0].device.type != "cpu":
-            return list(torch._foreach_mul(params, 1.0))
-        if self._cpu_buffers is None or len(self._cpu_buffers) != len(params):
-            self._cpu_buffers = [torch.empty_like(p) for p in params]
-        torch._foreach_copy_(self._cpu_buffers, params)
-        return list(self._cpu_buffers)
+    def _sample_indices(self, params: list[torch.Tensor]) -> list[torch.Tensor | None]:
+        """stats.sample_indices of each parameter, made once (again if the model moved)."""
+        if len(self._samples) != len(params) or any(
+            i is not None and i.device != p.device
+            for i, p in zip(self._samples, params, strict=True)
+        ):
+            self._samples = [stats.sample_indices(p.numel(), p.device) for p in params]
+        return self._samples
+
+    @staticmethod
+    def _sample_scale(params: list[torch.Tensor]) -> tuple[float, ...]:
+        return tuple(max(1.0, p.numel() / stats.SAMPLE) for p in params)
 
     def _const(self, kind: str, values: tuple[Any, ...], dtype: torch.dtype) -> torch.Tensor:
         """A small constant tensor on the model's device, made once per distinct value: a
@@ -406,7 +423,7 @@ class Watcher:
             handle.remove()
         self._handles.clear()
         self._observing = False
-        self._cpu_buffers = None
+        self._samples, self._scratch = [], stats.Scratch()
         self.link.close()
 
 

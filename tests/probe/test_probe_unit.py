@@ -84,30 +84,39 @@ def test_activation_statistics_match_plain_torch(path: str) -> None:
 
     from devbox.probe import stats
 
-    activation = getattr(stats, path)
+    def activation(x: torch.Tensor) -> list[float]:
+        # The CPU path gives numbers, the device path a tensor: the same seven values.
+        row = getattr(stats, path)(x)
+        return row if isinstance(row, list) else row.tolist()
+
     torch.manual_seed(1)
     x = torch.relu(torch.randn(16, 10))
     x[:, 3] = 0.0  # a dead unit
-    mean, std, absmax, zeros, dead, nan, inf = activation(x).tolist()
+    mean, std, absmax, zeros, dead, nan, inf = activation(x)
     assert math.isclose(mean, float(x.mean()), rel_tol=1e-6)
     assert math.isclose(std, float(x.std(unbiased=False)), rel_tol=1e-6)
     assert absmax == float(x.abs().max()) and zeros == pytest.approx(float((x == 0).float().mean()))
     assert dead == pytest.approx(0.1) and nan == inf == 0
     far = 1e4 + torch.randn(64, 8)  # a mean far from zero: no cancellation in the std
-    mean, std = activation(far).tolist()[:2]
+    mean, std = activation(far)[:2]
     assert math.isclose(std, float(far.double().std(unbiased=False)), rel_tol=1e-3)
     assert math.isclose(mean, float(far.double().mean()), rel_tol=1e-6)
+    # A mean near the spread (mean^2 = 4 var): the one-pass variance is still exact.
+    near = 2.0 + torch.randn(256, 64)
+    mean, std = activation(near)[:2]
+    assert math.isclose(std, float(near.double().std(unbiased=False)), rel_tol=1e-5)
     image = torch.ones(2, 4, 3, 3)
     image[:, 1] = 0.0  # channel 1 is dead in an image-like output
-    assert activation(image).tolist()[3:5] == pytest.approx([0.25, 0.25])
+    assert activation(image)[3:5] == pytest.approx([0.25, 0.25])
     bad = torch.tensor([[1.0, math.nan], [math.inf, -math.inf]])
-    values = activation(bad).tolist()
+    values = activation(bad)
     assert math.isnan(values[0]) and values[5:] == [1.0, 2.0]
-    only_inf = activation(torch.tensor([[0.0, math.inf], [2.0, 0.0]])).tolist()
+    only_inf = activation(torch.tensor([[0.0, math.inf], [2.0, 0.0]]))
     assert only_inf[2] == math.inf and only_inf[3] == 0.5 and only_inf[5:] == [0.0, 1.0]
-    assert math.isnan(activation(torch.ones(3)).tolist()[4])  # 1-D: no units
-    assert activation(torch.zeros(3, dtype=torch.float16)).tolist()[2:4] == [0.0, 1.0]
-    empty = stats.activation(torch.zeros(0, 5)).tolist()
+    assert math.isnan(activation(torch.ones(3))[4])  # 1-D: no units
+    assert activation(torch.zeros(3, dtype=torch.float16))[2:4] == [0.0, 1.0]
+    empty = stats.activation(torch.zeros(0, 5))
+    empty = empty if isinstance(empty, list) else empty.tolist()
     assert all(math.isnan(v) for v in empty[:5]) and empty[5:] == [0.0, 0.0]
 
 
@@ -211,6 +220,52 @@ def test_the_link_goes_quiet_and_reconnects() -> None:
 
 
 _wait = wait_until
+
+
+def test_update_ratio_of_a_large_layer_from_its_sample() -> None:
+    """A tensor larger than stats.SAMPLE has its update measured on a fixed sample of its
+    entries: the ratio the probe reports is within a few percent of the exact one."""
+    require_torch()
+    import torch
+
+    from devbox import probe
+    from devbox.probe import stats
+
+    folder = Path(tempfile.mkdtemp(prefix="dbx"))
+    path = str(folder / "p.sock")
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(path)
+    server.listen()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(256, 256))  # 65,792 weights: sampled
+    assert model[0].weight.numel() > 8 * stats.SAMPLE
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    watcher = probe.watch(model, every=1, find_socket=lambda: path)
+    conn, _ = server.accept()
+    conn.sendall(protocol.encode(protocol.PROBE_CONTROL, watching=True))
+    reader = conn.makefile("rb")
+    _wait(lambda: watcher.watching and watcher.link.connected)
+    exact: dict[int, float] = {}
+    for step in range(watcher.step, watcher.step + 6):
+        optimizer.zero_grad()
+        model(torch.randn(32, 256)).square().mean().backward()
+        before = [p.detach().clone() for p in model.parameters()]
+        optimizer.step()
+        after = [p.detach() for p in model.parameters()]
+        moved = sum(float((a - b).norm()) ** 2 for a, b in zip(after, before, strict=True))
+        exact[step] = math.sqrt(moved) / math.sqrt(sum(float(b.norm()) ** 2 for b in before))
+    got: dict[int, float] = {}
+    while len(got) < len(exact):
+        frame = protocol.decode(reader.readline())
+        if frame.type == protocol.PROBE_STATS and frame.body["layers"]:
+            got[frame.body["step"]] = frame.body["layers"][0]["update_ratio"]
+    watcher.close()
+    reader.close()
+    conn.close()
+    server.close()
+    assert got.keys() == exact.keys()
+    for step, want in exact.items():
+        assert got[step] == pytest.approx(want, rel=0.05), step
 
 
 def test_without_torch_the_probe_says_it_needs_torch() -> None:
