@@ -104,6 +104,15 @@ async def start_link(agent: Agent, args: argparse.Namespace, *, host_line: str) 
     def activity() -> tuple[str, protocol.Activity]:
         return agent.box.name, agent.activity.snapshot()
 
+    async def refresh_owner() -> None:
+        try:
+            labels, annotations, _ = await asyncio.to_thread(link.read)
+        except Exception as exc:  # the API server is unreachable: the watch catches up later
+            log.warning("could not read my pod for a new owner: %s", exc)
+            return
+        apply(labels, annotations)
+
+    agent.box.refresh_owner = refresh_owner
     threading.Thread(
         target=link.follow, args=(on_change, stop), daemon=True, name="pod-watch"
     ).start()

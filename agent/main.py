@@ -220,6 +220,7 @@ async def _serve(
             gpu_env=None if args.pod else gpu_env,
             activity_file=args.activity_file,
             warn_without_multiplexer=args.multiplexer != "none",
+            home_is_home=bool(args.pod),
         )
     )
     agent.telemetry = _telemetry(

@@ -66,6 +66,11 @@ class BoxIdentity:
     # False when the user chose "none": a plain shell is then what they asked for.
     warn_without_multiplexer: bool = True
     activity_file: Path | None = None
+    # In a pod, `home` is the owner's persistent home and sessions get it as $HOME (the
+    # image's own home is lost with the pod); a local box keeps the user's $HOME.
+    home_is_home: bool = False
+    # In a pod: re-reads the owner from the pod, for a key the watch has not brought yet.
+    refresh_owner: Callable[[], Awaitable[None]] | None = None
 
 
 @dataclass
@@ -169,6 +174,8 @@ class Agent:
             SHELL=self.login_shell,
             DEVBOX_BOX=self.box.name,
         )
+        if self.box.home_is_home:
+            env["HOME"] = str(self.box.home)
         env.setdefault("HOME", self._user.pw_dir)
         env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
         if self.box.gpu_env is not None:
@@ -300,6 +307,7 @@ class _Server(asyncssh.SSHServer):
     def __init__(self, agent: Agent) -> None:
         self._agent = agent
         self._conn: asyncssh.SSHServerConnection | None = None
+        self._refreshed = False
 
     def connection_made(self, conn: asyncssh.SSHServerConnection) -> None:
         self._conn = conn
@@ -321,12 +329,22 @@ class _Server(asyncssh.SSHServer):
     def public_key_auth_supported(self) -> bool:
         return True
 
-    def validate_public_key(self, username: str, key: asyncssh.SSHKey) -> bool:
-        owner = self._agent.box.owner_key
-        accepted = owner is not None and key.public_data == owner.public_data
+    async def validate_public_key(self, username: str, key: asyncssh.SSHKey) -> bool:
+        accepted = self._is_owner(key)
+        refresh = self._agent.box.refresh_owner
+        if not accepted and refresh is not None and not self._refreshed:
+            # A claimer connects as soon as its claim is written, which is often before
+            # the pod watch has brought it here: look at the pod once per connection.
+            self._refreshed = True
+            await refresh()
+            accepted = self._is_owner(key)
         if not accepted:
             log.warning("refused key %s for %s: not the owner's", key.get_fingerprint(), username)
         return accepted
+
+    def _is_owner(self, key: asyncssh.SSHKey) -> bool:
+        owner = self._agent.box.owner_key
+        return owner is not None and key.public_data == owner.public_data
 
     def connection_requested(
         self, dest_host: str, dest_port: int, orig_host: str, orig_port: int

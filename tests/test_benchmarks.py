@@ -109,10 +109,8 @@ def test_probe_benchmark() -> None:
     require_torch()
     result = _run(
         "bench_probe.py",
-        "--steps",
-        "10",
-        "--rounds",
-        "1",
+        "--windows",
+        "2",
         "--every",
         "5",
         "--warmup",
@@ -124,7 +122,7 @@ def test_probe_benchmark() -> None:
         "--compile-every",
         "2",
     )
-    ms = result["ms_per_step_median_of_rounds"]
+    ms = result["ms_per_step_median_of_windows"]
     assert set(ms) == {
         "none",
         "probe_every_1",

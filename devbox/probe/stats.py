@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import TypeAlias
 
 import torch
 
@@ -39,7 +40,7 @@ class Scratch:
         return buffer
 
 
-Row = torch.Tensor | list[float]  # a tensor on a device, numbers on the CPU
+Row: TypeAlias = "torch.Tensor | list[float]"  # a tensor on a device, numbers on the CPU
 
 
 def activation(out: torch.Tensor, scratch: Scratch | None = None) -> Row:

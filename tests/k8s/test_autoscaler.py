@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from collections.abc import Callable
@@ -49,6 +50,21 @@ profile = "default"
 gpus = 0
 size = 2
 """
+
+
+def _notice(term: Terminal, target: str, text: str, done: threading.Event) -> threading.Event:
+    """Set once `text` has been on screen: screen shows a message for a few seconds only,
+    maybe while the test waits for something else on a loaded machine."""
+    seen = threading.Event()
+
+    def watch() -> None:
+        while not seen.is_set() and not done.is_set():
+            if text in term.screen(target):
+                seen.set()
+            time.sleep(0.1)
+
+    threading.Thread(target=watch, daemon=True).start()
+    return seen
 
 
 def _wait(what: str, check: Callable[[], Any], timeout: float = 90) -> Any:
@@ -169,53 +185,55 @@ def test_autoscaler_on_the_real_control_plane(kube: KubeUser, tmp_path: Path) ->
     procs = [_start(env, log)]
     term = Terminal(kube.user.env, Path(kube.user.env["TMUX_TMPDIR"]))
     silent_pid = 0
+    stop_watching = threading.Event()  # ends the screen watcher started below
     try:
         # The warm pool is made, then refilled after claims.
         first_pool = set(
             _wait("a warm pool of two", lambda: len(k.ready_warm()) == 2 and k.ready_warm())
         )
         boxes = {}
-        for name, gpus in (("idle", "0"), ("kept", "0"), ("train", "1"), ("silent", "1")):
-            up = kube.devbox("up", name, "--gpus", gpus, "--no-attach", "--json", check=True)
-            boxes[name] = json.loads(up.stdout)
-        claimed = {boxes["idle"]["extra"]["pod"], boxes["kept"]["extra"]["pod"]}
-        # Both from the pool (the second perhaps from a pod made after the first claim).
-        assert boxes["idle"]["extra"]["pod"] in first_pool
-        assert all(pod.startswith("devbox-warm-") for pod in claimed)
-        refilled = _wait(
-            "the pool refilled",
-            lambda: (
-                len(k.ready_warm()) == 2
-                and not set(k.ready_warm()) & claimed
-                and set(k.ready_warm())
-            ),
-        )
-        assert refilled - first_pool
-        # At the low priority (images/k8s/cluster.yaml), so real work preempts them.
-        spec = k.pod(sorted(refilled)[0])["spec"]  # type: ignore[index]
-        assert spec["priorityClassName"] == "devbox-warm" and spec["priority"] == -10
-        kube.devbox("keep", "kept", "--for", "50s", check=True)
-        kube.devbox("ssh", "idle", "--", "echo kept-home > notes.txt", check=True)
-        pods = {name: k.pod(box["extra"]["pod"]) for name, box in boxes.items()}
-        # Training with nobody typing: their GPUs are busy.
-        for name in ("train", "silent"):
-            nvml_sim.write(
-                _runner_folder(k.cluster, pods[name]) / "gpus", [nvml_sim.SimGpu(util=93)]
-            )  # type: ignore[arg-type]
-        shell = term.start(f"{DEVBOX} ssh idle")
-        term.wait_for(shell, "devbox-homes", timeout=30)  # the shell, in the home volume
+
+        def up(name: str, gpus: str) -> str:
+            done = kube.devbox("up", name, "--gpus", gpus, "--no-attach", "--json", check=True)
+            boxes[name] = json.loads(done.stdout)
+            return str(boxes[name]["extra"]["pod"])
 
         def lease_gpu(name: str) -> float:
             lease = k.json("get", "lease", boxes[name]["extra"]["pod"])
             return float(lease["metadata"]["annotations"].get("devbox.io/gpu-util", 0))
 
-        _wait("silent's busy GPU in its Lease", lambda: lease_gpu("silent") >= 90, timeout=40)
-        silent_pid = _agent_pid(k.ns, boxes["silent"]["extra"]["pod"])
-        os.kill(silent_pid, signal.SIGSTOP)  # its agent stops heartbeating
+        # Each step below starts a box's clock right before what is checked of it, so
+        # that a loaded machine's slowness cannot move a warning before its check.
+        kept_pod = up("kept", "0")
+        assert kept_pod in first_pool and kept_pod.startswith("devbox-warm-")
+        for name in ("train", "silent"):  # training with nobody typing: busy GPUs
+            pod = k.pod(up(name, "1"))
+            nvml_sim.write(_runner_folder(k.cluster, pod) / "gpus", [nvml_sim.SimGpu(util=93)])  # type: ignore[arg-type]
+        refilled = _wait(
+            "the pool refilled",
+            lambda: len(k.ready_warm()) == 2 and kept_pod not in k.ready_warm() and k.ready_warm(),
+        )
+        assert set(refilled) - first_pool
+        # At the low priority (images/k8s/cluster.yaml), so real work preempts them.
+        spec = k.pod(sorted(refilled)[0])["spec"]  # type: ignore[index]
+        assert spec["priorityClassName"] == "devbox-warm" and spec["priority"] == -10
+        kube.devbox("keep", "kept", "--for", "90s", check=True)
+        keep_until = float(k.pod(kept_pod)["metadata"]["annotations"]["devbox.io/keep-until"])  # type: ignore[index]
+
+        idle_pod = up("idle", "0")
+        assert idle_pod.startswith("devbox-warm-")  # from the refilled pool
+        where = kube.devbox(
+            "ssh", "idle", "--", 'echo kept-home > notes.txt; echo "$HOME $PWD"', check=True
+        )
+        home, cwd = where.stdout.decode().split()
+        assert "devbox-homes" in home and cwd == home  # the owner's folder in the home volume
+        # Attached, typing nothing (input is activity); the shell starts in $HOME (~).
+        shell = term.start(f"{DEVBOX} ssh idle")
+        term.wait_for(shell, ":~", timeout=30)
+        warned_on_screen = _notice(term, shell, "devbox: box idle has been idle", stop_watching)
 
         # The idle box is warned: in its session, on the pod, in `devbox ls`.
-        term.wait_for(shell, "devbox: box idle has been idle", timeout=60)
-        idle_pod = boxes["idle"]["extra"]["pod"]
+        assert warned_on_screen.wait(60), term.screen(shell)
         release_at = float(k.pod(idle_pod)["metadata"]["annotations"]["devbox.io/release-at"])  # type: ignore[index]
         row = ls_table(kube.devbox("ls", check=True).stdout.decode())["idle"]
         assert row["RELEASE"].startswith("in ") and row["KEPT"] == "-", row
@@ -232,6 +250,14 @@ def test_autoscaler_on_the_real_control_plane(kube: KubeUser, tmp_path: Path) ->
         assert "box idle was released at" in explained and "(idle)" in explained
         assert "DevboxReleased" in explained
 
+        # The kept box was left alone all this while (idle longer than the idle box).
+        kept = k.pod(kept_pod)["metadata"]  # type: ignore[index]
+        assert time.time() < keep_until and "devbox.io/release-at" not in kept["annotations"]
+
+        _wait("silent's busy GPU in its Lease", lambda: lease_gpu("silent") >= 90, timeout=40)
+        silent_pid = _agent_pid(k.ns, boxes["silent"]["extra"]["pod"])
+        os.kill(silent_pid, signal.SIGSTOP)  # its agent stops heartbeating
+
         # The silent agent is marked unhealthy and reported, not released.
         silent_pod = boxes["silent"]["extra"]["pod"]
         _wait(
@@ -244,11 +270,7 @@ def test_autoscaler_on_the_real_control_plane(kube: KubeUser, tmp_path: Path) ->
         assert "DevboxAgentSilent" in k.events(silent_pod)
         assert k.pod(silent_pod) is not None
 
-        # The kept box is left alone until its time, then warned.
-        kept_pod = boxes["kept"]["extra"]["pod"]
-        kept = k.pod(kept_pod)["metadata"]  # type: ignore[index]
-        keep_until = float(kept["annotations"]["devbox.io/keep-until"])
-        assert time.time() < keep_until and "devbox.io/release-at" not in kept["annotations"]
+        # The kept box is warned once its keep is over.
         warned = _wait(
             "kept warned after its keep",
             lambda: k.pod(kept_pod)["metadata"]["annotations"].get("devbox.io/release-at"),  # type: ignore[index]
@@ -292,6 +314,7 @@ def test_autoscaler_on_the_real_control_plane(kube: KubeUser, tmp_path: Path) ->
         state = k.json("get", "configmap", "devbox-autoscaler-state")
         assert train_pod in json.loads(state["data"]["state.json"])["memory"]
     finally:
+        stop_watching.set()
         if silent_pid:
             os.kill(silent_pid, signal.SIGCONT)
         term.close()
