@@ -31,3 +31,24 @@ def test_frames_round_trip_at_every_length_encoding(size: int) -> None:
 def test_mask_is_an_involution_with_leading_zero_bytes() -> None:
     data = b"\x00\x00\x00abc\x00"
     assert _mask(_mask(data, b"\x01\x02\x03\x04"), b"\x01\x02\x03\x04") == data
+
+
+def test_the_proxys_pipes_are_widened_and_other_fds_left_alone() -> None:
+    import fcntl
+    import os
+    import socket
+
+    from devbox.backends.kubernetes.portforward import widen_pipes
+
+    get_size = getattr(fcntl, "F_GETPIPE_SZ", 1032)
+    read, write = os.pipe()
+    a, b = socket.socketpair()
+    try:
+        before = fcntl.fcntl(read, get_size)
+        widen_pipes(read, a.fileno())  # a socket is not a pipe: no error, nothing changed
+        assert before < 1 << 20 and fcntl.fcntl(write, get_size) == 1 << 20
+    finally:
+        for fd in (read, write):
+            os.close(fd)
+        a.close()
+        b.close()

