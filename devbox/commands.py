@@ -39,18 +39,26 @@ def backend_for(args: argparse.Namespace) -> Backend:
 def _refresh_ssh_config(backend: Backend) -> None:
     from devbox.ssh import sshconfig
 
-    sshconfig.refresh_if_written(backend.list(), backend.name)
+    sshconfig.refresh_if_written(backend.list, backend.name)
 
 
 def _session(backend: Backend, box: Box, command: str | None, *, interactive: bool) -> int:
     from devbox.ssh import openssh
 
-    # Only where OpenSSH dials the box itself: through a ProxyCommand, a Kubernetes box
-    # would pay for a second Python process (`devbox proxy`) and a second port-forward.
-    ssh = openssh.available() if box.backend == "local" else None
+    ssh = openssh.available()
     if ssh is None:
         return _builtin(backend, box, command, interactive=interactive)
-    status = openssh.run(ssh, box, command, tty=interactive)
+    if box.backend == "local":
+        status = openssh.run(ssh, box, command, tty=interactive)
+    else:
+        # Through the API server: this process pumps the port-forward and OpenSSH dials it
+        # on loopback, not through a ProxyCommand (a second Python process and a second
+        # port-forward), and without importing asyncssh (0.3 s, most of a warm claim).
+        from devbox.ssh.proxy import loopback
+
+        port = loopback(_open(backend, box))
+        here = dataclasses.replace(box, host="127.0.0.1", port=port)
+        status = openssh.run(ssh, here, command, tty=interactive)
     if status == 255:
         # OpenSSH's own failures are 255 (silenced); so is a command that exits 255.
         # A connect-only probe tells them apart and names a failure in one line.
@@ -78,10 +86,12 @@ def _probe(backend: Backend, box: Box) -> None:
 
 
 def _prefetch_client(backend: Backend) -> None:
-    """Where the built-in SSH client will carry the session (see _session), start its
-    import (asyncssh, 0.25 to 0.4 s) now, so that it overlaps the waits on the API server
-    and the agent (a claim, a look-up, the port-forward's handshake)."""
-    if backend.name != "local":
+    """Where the built-in SSH client will carry the session (no OpenSSH; see _session),
+    start its import (asyncssh, 0.25 to 0.4 s) now, so that it overlaps the waits on the
+    API server and the agent (a claim, a look-up, the port-forward's handshake)."""
+    from devbox.ssh import openssh
+
+    if backend.name != "local" and openssh.available() is None:
         threading.Thread(
             target=importlib.import_module, args=("devbox.ssh.client",), daemon=True
         ).start()

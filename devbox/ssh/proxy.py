@@ -1,4 +1,5 @@
-"""`devbox proxy NAME`: stdin/stdout <-> the box's SSH endpoint, for OpenSSH's ProxyCommand.
+"""`devbox proxy NAME`: stdin/stdout <-> the box's SSH endpoint, for OpenSSH's ProxyCommand;
+and `loopback`, the same for `devbox ssh`'s own OpenSSH child.
 
 Runs on every `ssh NAME.devbox`, so it imports nothing heavy. Each direction is a
 thread doing blocking syscalls; ssh -> box uses splice(2) when ssh gave us a pipe,
@@ -56,3 +57,36 @@ def bridge(sock: socket.socket) -> None:
         pass
     finally:
         sock.close()
+
+
+def loopback(sock: socket.socket, *, timeout: float = 60.0) -> int:
+    """A port on 127.0.0.1 whose first connection is joined to `sock`, in threads of this
+    process: `devbox ssh` runs OpenSSH against it for a box reached through the API server,
+    whose port-forward this process pumps. Another local user who connects first gets a
+    tunnel to an SSH server that wants the owner's key, and ssh fails: no more than that."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    listener.settimeout(timeout)
+
+    def serve() -> None:
+        try:
+            conn, _ = listener.accept()
+        except OSError:
+            sock.close()
+            return
+        finally:
+            listener.close()
+        conn.settimeout(None)
+        threading.Thread(target=_join, args=(conn, sock), daemon=True).start()
+        _join(sock, conn)
+
+    threading.Thread(target=serve, daemon=True).start()
+    return int(listener.getsockname()[1])
+
+
+def _join(src: socket.socket, dst: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        _copy(src.fileno(), dst.fileno(), splice=False)
+    with contextlib.suppress(OSError):
+        dst.shutdown(socket.SHUT_WR)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import re
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from devbox import paths
@@ -103,7 +103,8 @@ def write(boxes: Iterable[Box], backend: str) -> tuple[Path, bool]:
     return managed, True
 
 
-def refresh_if_written(boxes: Iterable[Box], backend: str) -> None:
-    """Keep the managed file current after up/down, once the user has opted in with --write."""
+def refresh_if_written(boxes: Callable[[], Iterable[Box]], backend: str) -> None:
+    """Keep the managed file current after up/down, once the user has opted in with --write.
+    `boxes` is called only then: listing them is an API request on Kubernetes."""
     if paths.ssh_config_file().exists():
-        _write_managed(boxes, backend)
+        _write_managed(boxes(), backend)

@@ -33,8 +33,14 @@ def test_up_ssh_and_openssh_through_the_port_forward(kube: KubeUser) -> None:
     assert b"created pod devbox-k1" in up.stderr and b"Scheduled:" in up.stderr
     assert box["backend"] == "kubernetes" and box["state"] == "running"
     assert box["spec"]["gpus"] == 1 and box["host_key_fingerprint"].startswith("SHA256:")
-    hi = kube.devbox("ssh", "k1", "--", "echo", "hi", check=True)
-    assert hi.stdout == b"hi\n"
+    # Both clients of `devbox ssh`: OpenSSH dialling this process's loopback end of the
+    # port-forward (the default where ssh is installed), and the built-in asyncssh one.
+    for client in ("auto", "builtin"):
+        kube.user.env["DEVBOX_SSH_CLIENT"] = client
+        hi = kube.devbox("ssh", "k1", "--", "echo", "hi", check=True)
+        assert hi.stdout == b"hi\n", client
+        assert kube.devbox("ssh", "k1", "--", "exit 7").returncode == 7, client
+    del kube.user.env["DEVBOX_SSH_CLIENT"]
     kube.devbox("ssh-config", "--write", check=True)
     plain = kube.user.ssh("k1.devbox", "echo $DEVBOX_BOX; pwd")
     assert plain.returncode == 0, plain.stderr

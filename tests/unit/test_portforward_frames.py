@@ -52,3 +52,24 @@ def test_the_proxys_pipes_are_widened_and_other_fds_left_alone() -> None:
             os.close(fd)
         a.close()
         b.close()
+
+
+def test_loopback_joins_its_first_connection_to_the_socket() -> None:
+    import socket
+
+    from devbox.ssh.proxy import loopback
+
+    box_side, ours = socket.socketpair()
+    port = loopback(ours, timeout=10)
+    client = socket.create_connection(("127.0.0.1", port), timeout=10)
+    box_side.settimeout(10)
+    try:
+        client.sendall(b"to the box")
+        assert box_side.recv(100) == b"to the box"
+        box_side.sendall(b"to ssh")
+        assert client.recv(100) == b"to ssh"
+        client.shutdown(socket.SHUT_WR)  # ssh ends: the box's side sees the end too
+        assert box_side.recv(100) == b""
+    finally:
+        client.close()
+        box_side.close()
