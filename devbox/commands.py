@@ -282,7 +282,6 @@ def stats(args: argparse.Namespace) -> int:
     if args.history and not args.json:
         raise UsageError("--history needs --json (a terminal shows the newest sample only)")
     backend = backend_for(args)
-    _prefetch_client(backend)
     box = backend.get(args.name)
     if box.state.value not in ("running", "idle"):
         raise UsageError(f"box {box.name} is {box.state.value}: {box.reason or 'not reachable'}")
