@@ -19,6 +19,7 @@ import json
 import os
 import pty
 import select
+import shutil
 import socket
 import struct
 import subprocess
@@ -53,6 +54,7 @@ def private_cluster() -> Iterator[tuple[Path, Path]]:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
+        shutil.rmtree(folder.parent, ignore_errors=True)
 
 
 def _downloads(paths: list[list[str]], env: dict[str, str], mib: int, repeat: int) -> list[float]:

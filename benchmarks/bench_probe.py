@@ -26,6 +26,7 @@ import argparse
 import contextlib
 import json
 import os
+import shutil
 import socket
 import statistics
 import sys
@@ -73,6 +74,7 @@ def sink() -> Iterator[str]:
         stop.set()
         thread.join()
         server.close()
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _drain(conn: socket.socket) -> None:

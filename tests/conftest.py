@@ -109,8 +109,12 @@ class User:
     def stop_all(self) -> None:
         """Kill every agent of this user and end their screen/tmux sessions."""
         boxes = self.state / "local/boxes"
-        if not boxes.exists():
-            return
+        if boxes.exists():
+            self._stop_boxes(boxes)
+        # The short folder for sockets lives in /tmp, outside pytest's cleanup.
+        shutil.rmtree(self.env["TMUX_TMPDIR"], ignore_errors=True)
+
+    def _stop_boxes(self, boxes: Path) -> None:
         screen, tmux = shutil.which("screen"), shutil.which("tmux")
         for folder in boxes.iterdir():
             with contextlib.suppress(OSError, ValueError):
@@ -120,12 +124,12 @@ class User:
                 if socket_path.parent.name.startswith("devbox-probe-"):
                     shutil.rmtree(socket_path.parent, ignore_errors=True)
             session = f"devbox-{folder.name}"
-            for argv in (
-                [screen, "-S", session, "-X", "quit"],
-                [tmux, "-L", session, "kill-server"],
+            for tool, args in (
+                (screen, ["-S", session, "-X", "quit"]),
+                (tmux, ["-L", session, "kill-server"]),
             ):
-                if argv[0]:
-                    subprocess.run(argv, env=self.env, capture_output=True, check=False)
+                if tool:
+                    subprocess.run([tool, *args], env=self.env, capture_output=True, check=False)
 
 
 def make_user(root: Path, nvml_dir: Path, *, gpu_lock_dir: Path | None = None) -> User:
@@ -155,6 +159,14 @@ def make_user(root: Path, nvml_dir: Path, *, gpu_lock_dir: Path | None = None) -
         TERM="xterm-256color",
     )
     return User(home=home, env=env, gpu_file=gpu_file)
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A folder with a short path, for Unix sockets (108 bytes at most), removed after."""
+    folder = Path(tempfile.mkdtemp(prefix="dbx", dir="/tmp"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture

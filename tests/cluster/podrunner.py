@@ -19,6 +19,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -47,6 +48,7 @@ class Agent:
     proc: subprocess.Popen[bytes]
     port: int
     uid: str
+    folder: Path
 
 
 class Runner:
@@ -129,6 +131,7 @@ class Runner:
             LD_LIBRARY_PATH=str(self.nvml_dir),
             SCREENDIR=str(screens),
             TMUX_TMPDIR=str(folder),
+            TMPDIR=str(folder),  # the probe socket's folder too: all of it goes with the pod
             PYTHONPATH=str(REPO),
             POD_NAME=name,
             POD_NAMESPACE=ns,
@@ -177,7 +180,7 @@ class Runner:
             log.error("agent for %s/%s did not start: %r", ns, name, line)
             proc.kill()
             return
-        self.agents[(ns, name)] = Agent(proc, port, pod.metadata.uid)
+        self.agents[(ns, name)] = Agent(proc, port, pod.metadata.uid, folder)
         self._forward(ns, name, port)
         log.info("started agent for %s/%s on port %d (%d GPUs)", ns, name, port, gpus)
 
@@ -212,6 +215,8 @@ class Runner:
             self.custom.delete_namespaced_custom_object(
                 "kwok.x-k8s.io", "v1alpha1", key[0], "portforwards", key[1]
             )
+        _end_sessions(agent.folder)
+        shutil.rmtree(agent.folder, ignore_errors=True)
         log.info("stopped agent for %s/%s", *key)
 
     def sync(self) -> None:
@@ -247,6 +252,17 @@ class Runner:
             time.sleep(POLL)
         for key in list(self.agents):
             self.stop(key)
+        shutil.rmtree(self.short, ignore_errors=True)
+
+
+def _end_sessions(folder: Path) -> None:
+    """A deleted pod's processes all die with its container; here the screen and tmux
+    servers the box started have detached from the agent, so end them by their sockets."""
+    for sock in (folder / "s").glob("*.*"):  # screen names its socket PID.NAME
+        with contextlib.suppress(ValueError, OSError):
+            os.kill(int(sock.name.split(".", 1)[0]), signal.SIGKILL)
+    for sock in folder.glob("tmux-*/*"):
+        subprocess.run(["tmux", "-S", str(sock), "kill-server"], capture_output=True, check=False)
 
 
 def main() -> None:

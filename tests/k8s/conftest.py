@@ -6,6 +6,7 @@ from __future__ import annotations
 import fcntl
 import os
 import secrets
+import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -92,6 +93,7 @@ def private_cluster(cluster: Cluster) -> Iterator[Cluster]:
             timeout=120,
             check=False,
         )
+        shutil.rmtree(folder.parent, ignore_errors=True)
         lock.close()
 
 
@@ -142,3 +144,4 @@ def kube(cluster: Cluster, tmp_path: Path, nvml_lib_dir: Path) -> Iterator[KubeU
     made = kube_user(cluster, tmp_path / "k", nvml_lib_dir)
     yield made
     cluster.kubectl_run("delete", "namespace", made.namespace, "--wait=false")
+    made.user.stop_all()

@@ -175,6 +175,7 @@ def test_forbidden_without_rbac_and_enough_with_the_user_role(
         outsider.devbox("down", "r1", check=True)
     finally:
         cluster.kubectl_run("delete", "namespace", ns, "--wait=false")
+        outsider.stop_all()
 
 
 @pytest.mark.timeout(400)  # starts a control plane of its own
@@ -182,6 +183,13 @@ def test_timeout_ends_the_wait_for_busy_gpus(
     private_cluster: Cluster, tmp_path: Path, nvml_lib_dir: Path
 ) -> None:
     kube = kube_user(private_cluster, tmp_path / "p", nvml_lib_dir)
+    try:
+        _fill_and_wait(kube)
+    finally:
+        kube.user.stop_all()
+
+
+def _fill_and_wait(kube: KubeUser) -> None:
     # Fill a cluster of our own: four 8-GPU nodes and the 2-GPU one.
     for name, gpus in (("big0", 8), ("big1", 8), ("big2", 8), ("big3", 8), ("hog", 2)):
         kube.devbox("up", name, "--gpus", str(gpus), "--no-attach", check=True)

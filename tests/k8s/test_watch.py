@@ -48,7 +48,7 @@ def _running(pid: int) -> bool:
         return False
 
 
-def _restart_apiserver(cluster: Cluster) -> None:
+def _restart_apiserver(cluster: Cluster) -> subprocess.Popen[bytes]:
     """Stop the API server and start it again with the same command line and environment."""
     folder = cluster.kubeconfig.parent
     binary = f"{folder}/kwok/clusters/devbox/bin/kube-apiserver"
@@ -71,7 +71,7 @@ def _restart_apiserver(cluster: Cluster) -> None:
         assert time.monotonic() < deadline, "the API server did not stop"
         time.sleep(0.1)
     with open(folder / "apiserver-restarted.log", "ab") as log:
-        subprocess.Popen(
+        return subprocess.Popen(
             [a.decode() for a in argv],
             env={k.decode(): v.decode() for k, v in environ.items()},
             cwd=cwd,
@@ -110,15 +110,21 @@ def test_watch_survives_an_api_server_restart(
     try:
         _kubectl(private_cluster, "apply", "-f", "-", input=_pod("devbox-w1", "w1"))
         expect("ADDED", "w1")
-        _restart_apiserver(private_cluster)
+        restarted = _restart_apiserver(private_cluster)
         # Once it answers again, a change made after the restart still arrives.
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 180
         while True:
             try:
                 _kubectl(private_cluster, "apply", "-f", "-", input=_pod("devbox-w2", "w2"))
                 break
             except AssertionError:
-                assert time.monotonic() < deadline, "the API server did not come back"
+                if time.monotonic() > deadline or restarted.poll() is not None:
+                    log = private_cluster.kubeconfig.parent / "apiserver-restarted.log"
+                    tail = log.read_text(errors="replace").splitlines()[-15:]
+                    raise AssertionError(
+                        f"the API server did not come back (exit {restarted.poll()}):\n"
+                        + "\n".join(tail)
+                    ) from None
                 time.sleep(0.5)
         expect("ADDED", "w2")
         _kubectl(private_cluster, "delete", "pod", "devbox-w1", "--wait=false")

@@ -8,7 +8,6 @@ import os
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 from pathlib import Path
 from typing import Any
@@ -167,7 +166,7 @@ def test_watch_rejects_bad_input() -> None:
         probe.watch(torch.nn.Sequential(model), layers=["nope*"])
 
 
-def test_the_link_goes_quiet_and_reconnects() -> None:
+def test_the_link_goes_quiet_and_reconnects(short_tmp: Path) -> None:
     """With no agent the probe costs nothing and trains on; an agent that comes (or comes
     back) gets a new hello and the reports."""
     require_torch()
@@ -175,8 +174,7 @@ def test_the_link_goes_quiet_and_reconnects() -> None:
 
     from devbox import probe
 
-    folder = Path(tempfile.mkdtemp(prefix="dbx"))
-    path = str(folder / "p.sock")
+    path = str(short_tmp / "p.sock")
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.ReLU())
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     watcher = probe.watch(
@@ -222,7 +220,7 @@ def test_the_link_goes_quiet_and_reconnects() -> None:
 _wait = wait_until
 
 
-def test_update_ratio_of_a_large_layer_from_its_sample() -> None:
+def test_update_ratio_of_a_large_layer_from_its_sample(short_tmp: Path) -> None:
     """A tensor larger than stats.SAMPLE has its update measured on a fixed sample of its
     entries: the ratio the probe reports is within a few percent of the exact one."""
     require_torch()
@@ -231,8 +229,7 @@ def test_update_ratio_of_a_large_layer_from_its_sample() -> None:
     from devbox import probe
     from devbox.probe import stats
 
-    folder = Path(tempfile.mkdtemp(prefix="dbx"))
-    path = str(folder / "p.sock")
+    path = str(short_tmp / "p.sock")
     server = socket.socket(socket.AF_UNIX)
     server.bind(path)
     server.listen()

@@ -110,7 +110,8 @@ class KubernetesBackend:
     def keep(self, name: str, *, until: float) -> Box:
         box = self.get(name)  # the owner's, or a clear error
         c = self.cluster
-        value = f"{until:.0f}" if until > 0 else None  # None removes the annotation
+        # Whole seconds, rounded down: never kept longer than asked. None removes it.
+        value = str(int(until)) if until > 0 else None
         with api.errors(c):
             c.rest.patch(
                 c.pods(box.extra.get("pod", name)),
