@@ -142,14 +142,15 @@ class KubernetesBackend:
                 raise UsageError(
                     f"a box named {name!r} already exists in namespace {c.namespace!r}"
                 )
-            pod_name = self._claim_warm(spec, name, owner_key)
-            created = pod_name is None
-            if pod_name is None:
+            pod = self._claim_warm(spec, name, owner_key)
+            created = pod is None
+            if pod is None:
                 # A warm pod already mounts the homes volume; only a new pod may be its first.
                 self._ensure_homes()
-                pod_name = self._create(spec, name, owner_key)
+                pod = self._create(spec, name, owner_key)
+            pod_name = pods.name(pod)
             try:
-                box = self._wait_ready(pod_name, spec=spec, deadline=deadline)
+                box = self._wait_ready(pod_name, spec=spec, deadline=deadline, first=pod)
             except BaseException:
                 if created:  # nothing half-made is left behind
                     self._delete(pod_name, wait=False)
@@ -165,7 +166,8 @@ class KubernetesBackend:
             if exc.status != 409:  # 409: it exists, as it should after the first claim
                 raise
 
-    def _claim_warm(self, spec: BoxSpec, name: str, owner_key: str) -> str | None:
+    def _claim_warm(self, spec: BoxSpec, name: str, owner_key: str) -> dict[str, Any] | None:
+        """The warm pod this claim took, as the PATCH answered it, or None."""
         selector = (
             f"{pods.MANAGED},{p.LABEL_STATE}=warm,"
             f"{p.LABEL_PROFILE}={pods.label_value(spec.profile)},devbox.io/gpus={spec.gpus}"
@@ -182,16 +184,16 @@ class KubernetesBackend:
                 owner_key=owner_key,
             )
             try:
-                c.rest.patch(c.pods(pods.name(pod)), patch)
+                claimed: dict[str, Any] = c.rest.patch(c.pods(pods.name(pod)), patch)
             except ApiError as exc:
                 if exc.status == 409:  # someone else claimed it first: try the next
                     continue
                 raise
             self.progress(f"claimed warm pod {pods.name(pod)}")
-            return pods.name(pod)
+            return claimed
         return None
 
-    def _create(self, spec: BoxSpec, name: str, owner_key: str) -> str:
+    def _create(self, spec: BoxSpec, name: str, owner_key: str) -> dict[str, Any]:
         c = self.cluster
         body = pods.box_pod(self.config, spec=spec, box=name, owner=self.owner, owner_key=owner_key)
         try:
@@ -203,19 +205,23 @@ class KubernetesBackend:
                 ) from None
             raise
         self.progress(f"created pod {pods.name(pod)}; waiting for it to start")
-        return pods.name(pod)
+        return pod
 
-    def _wait_ready(self, pod_name: str, *, spec: BoxSpec, deadline: float) -> Box:
+    def _wait_ready(
+        self, pod_name: str, *, spec: BoxSpec, deadline: float, first: dict[str, Any] | None = None
+    ) -> Box:
         """Follow the pod to Running with its agent listening; say what happens.
 
         Not until the agent has adopted the owner (its owner-ack annotation): an agent
         reads its pod when an unknown key knocks, so the claimer's key is taken at once,
-        and the round trip through the pod watch (70 ms of a warm claim) is not waited."""
+        and the round trip through the pod watch (70 ms of a warm claim) is not waited.
+        `first`, the pod as the claim's PATCH or POST answered it, saves the first GET:
+        a warm pod is ready in it."""
         c = self.cluster
         seen_events: set[str] = set()
         said_unschedulable = False
         while True:
-            pod = c.rest.get(c.pods(pod_name))
+            pod, first = first or c.rest.get(c.pods(pod_name)), None
             ann = pods.annotations_of(pod)
             box = pods.to_box(pod)
             if box.state is BoxState.RUNNING and ann.get(p.ANN_HOST_KEY):
