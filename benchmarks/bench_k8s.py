@@ -1,9 +1,10 @@
 """Kubernetes backend on the simulated cluster (scripts/test-cluster, a private one).
 
-1. Claim to a shell: `devbox up NAME --no-attach` + `devbox ssh NAME -- true`, from the
-   warm pool vs a cold pod create (targets: warm <= 0.3x cold, warm median < 1 s); and
-   `devbox up NAME` on a terminal, attaching in the same process as a user runs it, to a
-   typed-ahead command having run in the box's shell.
+1. Claim to a shell prompt, from the warm pool vs a cold pod create (targets: warm <=
+   0.3x cold, warm median < 1 s): `devbox up NAME` on a terminal, attaching in the same
+   process as a user runs it, to a typed-ahead command having run in the box's shell.
+   Also, for the breakdown, the two-command way: `devbox up NAME --no-attach` then
+   `devbox ssh NAME -- true`.
 2. Throughput to the same agent: devbox's path (ssh through `devbox proxy`, the official
    client's port-forward) vs `kubectl port-forward` (built from the same Kubernetes
    module) with the same ssh client (target >= 1.0x).
@@ -171,24 +172,37 @@ def main() -> None:
         finally:
             forward.terminate()
             forward.wait()
+    warm_over_cold = summary(warm_tty)["median"] / summary(cold_tty)["median"]
     emit(
         {
             "benchmark": "kubernetes",
             "runs": args.runs,
-            "cold_up_s": summary(cold_up),
-            "cold_first_ssh_s": summary(cold_ssh),
-            "cold_claim_to_shell_s": summary(cold),
-            "warm_up_s": summary(warm_up),
-            "warm_first_ssh_s": summary(warm_ssh),
-            "warm_claim_to_shell_s": summary(warm),
-            "warm_over_cold": summary(warm)["median"] / summary(cold)["median"],
-            "attached_cold_up_to_shell_s": summary(cold_tty),
-            "attached_warm_up_to_shell_s": summary(warm_tty),
-            "attached_warm_over_cold": summary(warm_tty)["median"] / summary(cold_tty)["median"],
+            # Claim to a shell prompt, as a user gets one: `devbox up NAME` on a terminal.
+            "claim_to_shell": {
+                "cold_s": summary(cold_tty),
+                "warm_s": summary(warm_tty),
+                "warm_over_cold": warm_over_cold,
+            },
+            # The same in two commands, `up --no-attach` then `ssh -- true`: each pays its
+            # own Python start and box look-up, the same in both columns.
+            "two_commands": {
+                "cold_up_s": summary(cold_up),
+                "cold_first_ssh_s": summary(cold_ssh),
+                "cold_total_s": summary(cold),
+                "warm_up_s": summary(warm_up),
+                "warm_first_ssh_s": summary(warm_ssh),
+                "warm_total_s": summary(warm),
+                "warm_over_cold": summary(warm)["median"] / summary(cold)["median"],
+            },
             "targets": {
                 "warm_over_cold": 0.3,
                 "warm_claim_to_shell_median_s": 1.0,
                 "throughput_ratio": 1.0,
+            },
+            "met": {
+                "warm_over_cold": warm_over_cold <= 0.3,
+                "warm_claim_to_shell_median_s": summary(warm_tty)["median"] < 1.0,
+                "throughput_ratio": devbox_mbps / kubectl_mbps >= 1.0,
             },
             "throughput_MBps": {
                 "devbox_port_forward": devbox_mbps,
