@@ -116,18 +116,32 @@ def up(args: argparse.Namespace) -> int:
     box = backend.claim(
         BoxSpec(gpus=args.gpus, profile=args.profile), name=args.name, port=args.port
     )
-    _refresh_ssh_config(backend)
-    if args.json:
-        print(json.dumps(box.to_json()))
-    else:
-        gpus = f", GPUs {','.join(box.gpu_ids)}" if box.gpu_ids else ""
-        print(
-            f"box {box.name} is up ({box.backend}{gpus}); `devbox ssh {box.name}` to enter",
-            file=sys.stderr,
-        )
-    if not attach:
-        return 0
-    return _session(backend, box, None, interactive=True)
+    # On Kubernetes the refresh lists the boxes (an API request, 40 ms): beside the
+    # session's start, not before it. Joined before the command ends either way.
+    refresh = threading.Thread(target=_refresh_ssh_config_or_warn, args=(backend,))
+    refresh.start()
+    try:
+        if args.json:
+            print(json.dumps(box.to_json()))
+        else:
+            gpus = f", GPUs {','.join(box.gpu_ids)}" if box.gpu_ids else ""
+            print(
+                f"box {box.name} is up ({box.backend}{gpus}); `devbox ssh {box.name}` to enter",
+                file=sys.stderr,
+            )
+        if not attach:
+            return 0
+        return _session(backend, box, None, interactive=True)
+    finally:
+        refresh.join()
+
+
+def _refresh_ssh_config_or_warn(backend: Backend) -> None:
+    try:
+        _refresh_ssh_config(backend)
+    except (DevboxError, OSError) as exc:  # the box is up; only its ssh-config entry waits
+        message = exc.message if isinstance(exc, DevboxError) else str(exc)
+        print(f"devbox: warning: ssh config not refreshed: {message}", file=sys.stderr)
 
 
 def ls(args: argparse.Namespace) -> int:

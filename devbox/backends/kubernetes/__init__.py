@@ -96,13 +96,14 @@ class KubernetesBackend:
         return sorted(boxes, key=lambda b: b.name)
 
     def get(self, name: str) -> Box:
+        """The box, without its last input (its Lease: a second request, which `devbox ssh`
+        and every `ssh NAME.devbox` would wait for and nobody reads); `list` has it."""
         names.validate_name(name)
         with api.errors(self.cluster):
             pod = self._find(name)
-            leases = self._leases() if pod is not None else {}
         if pod is None:
             raise UsageError(f"no box named {name!r} in namespace {self.cluster.namespace!r}")
-        box = pods.to_box(pod, last_input=leases.get(pods.name(pod), 0.0))
+        box = pods.to_box(pod)
         if box.owner != self.owner:
             raise UsageError(f"box {name!r} belongs to {box.owner or 'the warm pool'}")
         return box
