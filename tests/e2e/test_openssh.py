@@ -217,7 +217,8 @@ def test_a_changed_host_key_is_refused(user: User, tmp_path: Path, ssh_client: s
             "--lock-file",
             str(folder / "agent.lock"),
         ],
-        env=user.env,
+        # Its probe socket's folder goes in the user's short folder, removed after the test.
+        env={**user.env, "TMPDIR": user.env["TMUX_TMPDIR"]},
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
     )
