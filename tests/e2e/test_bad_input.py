@@ -131,3 +131,21 @@ def test_unknown_command_and_flag(user: User) -> None:
 def test_debug_shows_the_traceback(user: User) -> None:
     result = user.devbox("--debug", "ssh", "nosuchbox")
     assert result.returncode == 1 and b"Traceback" in result.stderr
+
+
+def test_ssh_config_that_cannot_be_written_is_a_warning_after_up(bystander: User) -> None:
+    """`up` refreshes the written ssh config beside the session start; when that fails the
+    box is still up: one warning line, exit 0, and the old config is left as it was."""
+    bystander.devbox("ssh-config", "--write", check=True)
+    before = bystander.ssh_config.read_text()
+    # Its temporary file's name taken by a folder: the write fails (even as root).
+    (bystander.ssh_config.parent / (bystander.ssh_config.name + ".tmp")).mkdir()
+    result = bystander.devbox("up", "late", "--no-attach")
+    err = result.stderr.decode()
+    assert result.returncode == 0, err
+    warnings = [line for line in err.splitlines() if line.startswith("devbox: warning: ")]
+    assert len(warnings) == 1 and "ssh config not refreshed" in warnings[0], err
+    assert "Traceback" not in err
+    assert bystander.ssh_config.read_text() == before
+    boxes = {b["name"]: b for b in json.loads(bystander.devbox("ls", "--json").stdout)}
+    assert boxes["late"]["state"] == "running"
