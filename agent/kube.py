@@ -35,11 +35,12 @@ class PodLink:
         self._uid = ""
 
     def annotate(self, annotations: dict[str, str]) -> None:
-        self.core.patch_namespaced_pod(
+        pod = self.core.patch_namespaced_pod(
             self.pod,
             self.namespace,
             {"metadata": {"annotations": annotations}},
         )
+        self._uid = pod.metadata.uid
 
     def read(self) -> tuple[dict[str, str], dict[str, str], str]:
         pod = self.core.read_namespaced_pod(self.pod, self.namespace)
@@ -86,18 +87,20 @@ class PodLink:
                 stop.wait(1.0)
 
     def heartbeat(self, *, box: str, activity: protocol.Activity) -> None:
+        if not self._uid:
+            # Never a Lease without its owner: the garbage collector deletes the Lease
+            # with its pod only if it names the pod, and a box released before a second
+            # heartbeat would leave one behind for good.
+            self.read()
         now = datetime.datetime.now(datetime.UTC)
         body: dict[str, Any] = {
             "metadata": {
                 "name": self.pod,
                 "labels": {protocol.LABEL_MANAGED: "devbox", protocol.LABEL_BOX: box},
                 "annotations": protocol.activity_annotations(activity),
-                # The garbage collector deletes the Lease with its pod.
                 "ownerReferences": [
                     {"apiVersion": "v1", "kind": "Pod", "name": self.pod, "uid": self._uid}
-                ]
-                if self._uid
-                else [],
+                ],
             },
             "spec": {
                 "holderIdentity": self.pod,
