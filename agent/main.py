@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from agent import gpus, hostkey, sessions
+from agent.init import become_init_if_pid1
 from devbox import protocol
 from devbox.boxes import Multiplexer
 
@@ -130,6 +131,7 @@ def _report(fd: int | None, frame: bytes) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    become_init_if_pid1()  # a container's first process: fork an init that reaps (init.py)
     args = _parser().parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
