@@ -3,6 +3,9 @@
 #   kube-apiserver kube-controller-manager kube-scheduler kubectl  (k8s.io/kubernetes)
 #   etcd                                                           (go.etcd.io/etcd/server/v3)
 #   kwok kwokctl                                                   (sigs.k8s.io/kwok, ./kwok module)
+#   kubelet                                                        (k8s.io/kubernetes: the real test node)
+#   gpuplugin pause                                                (./gpuplugin, ./pause: the test node's
+#                                                                   GPU device plugin and sandbox image)
 #
 # Binaries go to a cache directory outside the repository:
 #   ${DEVBOX_CLUSTER_BIN:-$HOME/.cache/devbox/cluster-bin/<k8s>_etcd-<v>_kwok-<v>}
@@ -47,12 +50,13 @@ KWOK_VERSION="$(modver "$HERE/kwok" sigs.k8s.io/kwok)"
 KEY="${K8S_VERSION}_etcd-${ETCD_VERSION}_kwok-${KWOK_VERSION}"
 BIN="${DEVBOX_CLUSTER_BIN:-$HOME/.cache/devbox/cluster-bin/$KEY}"
 STAMP="$BIN/.stamp"
-BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok kwokctl)
+BINARIES=(kube-apiserver kube-controller-manager kube-scheduler kubectl kubelet etcd kwok kwokctl gpuplugin pause)
 
 want_stamp() {
   printf 'key=%s\n' "$KEY"
   printf 'go=%s\n' "$(go env GOVERSION)"
-  cat "$HERE/go.mod" "$HERE/go.sum" "$HERE/kwok/go.mod" "$HERE/kwok/go.sum" | sha256sum | cut -d' ' -f1
+  cat "$HERE/go.mod" "$HERE/go.sum" "$HERE/kwok/go.mod" "$HERE/kwok/go.sum" \
+    "$HERE"/gpuplugin/*.go "$HERE"/pause/*.go | sha256sum | cut -d' ' -f1
 }
 
 up_to_date() {
@@ -110,10 +114,14 @@ step kube "k8s.io/kubernetes@$K8S_VERSION" "$HERE" -- \
   k8s.io/kubernetes/cmd/kube-apiserver \
   k8s.io/kubernetes/cmd/kube-controller-manager \
   k8s.io/kubernetes/cmd/kube-scheduler \
-  k8s.io/kubernetes/cmd/kubectl
+  k8s.io/kubernetes/cmd/kubectl \
+  k8s.io/kubernetes/cmd/kubelet
 
 step etcd "go.etcd.io/etcd/server/v3@$ETCD_VERSION" "$HERE" -- \
   build -p "$JOBS" -trimpath -ldflags "-s -w" -o "$TMP/etcd" go.etcd.io/etcd/server/v3
+
+step node-tools "devbox.local/testcluster (gpuplugin, pause)" "$HERE" -- \
+  build -p "$JOBS" -trimpath -ldflags "-s -w" -o "$TMP/" ./gpuplugin ./pause
 
 step kwok "sigs.k8s.io/kwok@$KWOK_VERSION" "$HERE/kwok" -- \
   build -p "$JOBS" -trimpath \
@@ -125,6 +133,7 @@ for b in "${BINARIES[@]}"; do
   [ -x "$TMP/$b" ] || die "binary $b missing after build"
   case "$b" in
     kubectl) args=(version --client) ;;
+    gpuplugin | pause) continue ;; # no --version; built from this folder's own source
     *) args=(--version) ;;
   esac
   out="$("$TMP/$b" "${args[@]}" 2>&1)" || die "$b does not start (exit $?): $out"

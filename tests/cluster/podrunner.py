@@ -1,4 +1,5 @@
-"""Plays kubelet-and-container-runtime for kwok's simulated nodes, for devbox pods only.
+"""Plays kubelet-and-container-runtime for kwok's simulated nodes, for devbox pods only
+(pods on the real node, tests/cluster/node.py, have a real kubelet).
 
 kwok marks pods Running but runs nothing. For each Running devbox pod this starts a real
 local `devbox agent` with the pod's identity (it talks to the API server exactly as in a
@@ -40,6 +41,7 @@ STORAGE_CLASS = "devbox-sim"
 # thousand box pods, and a thousand real agents would not fit on the machine.
 SELECTOR = "app.kubernetes.io/managed-by=devbox,!devbox.io/no-agent"
 SSH_PORT = 2222
+REAL_NODE = "devbox-test/node=real"  # tests/cluster/node.py's kubelet labels its node so
 # The longest a change waits for a pass when no pod event announces it (an agent that
 # died, a volume to bind): pod events wake the runner at once.
 IDLE = 1.0
@@ -227,10 +229,14 @@ class Runner:
         listed = self.core.list_pod_for_all_namespaces(label_selector=SELECTOR)
         self.resource_version = listed.metadata.resource_version
         pods = listed.items
+        # The real node's kubelet runs its own pods' containers: not ours to play.
+        real = {n.metadata.name for n in self.core.list_node(label_selector=REAL_NODE).items}
         live = {}
         for pod in pods:
             key = (pod.metadata.namespace, pod.metadata.name)
             if pod.metadata.deletion_timestamp or pod.status.phase != "Running":
+                continue
+            if pod.spec.node_name in real:
                 continue
             live[key] = pod.metadata.uid
         for key in list(self.agents):
