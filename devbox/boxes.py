@@ -23,10 +23,78 @@ class BoxState(enum.StrEnum):
 
 
 @dataclass(frozen=True, kw_only=True)
+class Toleration:
+    """A Kubernetes toleration, as a profile names it (validated in devbox.profiles)."""
+
+    key: str = ""
+    operator: str = "Equal"  # or "Exists"
+    value: str = ""
+    effect: str = ""  # NoSchedule, PreferNoSchedule, NoExecute; empty: every effect
+    toleration_seconds: int | None = None  # NoExecute only
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"key": self.key, "operator": self.operator}
+        if self.value:
+            data["value"] = self.value
+        if self.effect:
+            data["effect"] = self.effect
+        if self.toleration_seconds is not None:
+            data["toleration_seconds"] = self.toleration_seconds
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Toleration:
+        seconds = data.get("toleration_seconds")
+        return cls(
+            key=str(data.get("key", "")),
+            operator=str(data.get("operator", "Equal")),
+            value=str(data.get("value", "")),
+            effect=str(data.get("effect", "")),
+            toleration_seconds=None if seconds is None else int(seconds),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
 class BoxSpec:
+    """What a box is made of: its profile's shape, after any --gpus override. The defaults
+    are the built-in "default" profile. The local backend applies only `gpus`."""
+
     gpus: int = 0
     profile: str = "default"
-    image: str = ""
+    image: str = ""  # empty: the config's image
+    # Kubernetes quantities, requested (never limited: see backends/kubernetes/pods.py).
+    cpu: str = "1"
+    memory: str = "2Gi"
+    # Label key -> value pairs, sorted by key: a tuple keeps the spec frozen and hashable.
+    node_selector: tuple[tuple[str, str], ...] = ()
+    tolerations: tuple[Toleration, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "gpus": self.gpus,
+            "profile": self.profile,
+            "image": self.image,
+            "cpu": self.cpu,
+            "memory": self.memory,
+            "node_selector": dict(self.node_selector),
+            "tolerations": [t.to_json() for t in self.tolerations],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> BoxSpec:
+        """Inverse of to_json; records written before profiles had resources (gpus,
+        profile, image only) load with the built-in defaults for the rest."""
+        default = cls()
+        selector = dict(data.get("node_selector") or {})
+        return cls(
+            gpus=int(data.get("gpus", 0)),
+            profile=str(data.get("profile", default.profile)),
+            image=str(data.get("image", "")),
+            cpu=str(data.get("cpu", default.cpu)),
+            memory=str(data.get("memory", default.memory)),
+            node_selector=tuple(sorted((str(k), str(v)) for k, v in selector.items())),
+            tolerations=tuple(Toleration.from_json(dict(t)) for t in data.get("tolerations", ())),
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,6 +150,7 @@ class Box:
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
+        data["spec"] = self.spec.to_json()
         data["state"] = self.state.value
         data["gpu_ids"] = list(self.gpu_ids)
         return data
@@ -89,7 +158,7 @@ class Box:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Box:
         """Inverse of to_json; raises KeyError/TypeError/ValueError on a malformed record."""
-        spec = BoxSpec(**data["spec"])
+        spec = BoxSpec.from_json(dict(data["spec"]))
         return cls(
             name=str(data["name"]),
             owner=str(data["owner"]),

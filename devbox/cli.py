@@ -118,11 +118,13 @@ def build_parser() -> argparse.ArgumentParser:
 
     up = sub.add_parser("up", parents=[backend], help="claim a box and attach its session")
     up.add_argument("name", nargs="?", help="box name (default: a generated one)")
-    up.add_argument("--gpus", type=_gpu_count, default=0, help="GPUs for the box (default 0)")
+    up.add_argument("--gpus", type=_gpu_count, help="GPUs for the box (default: the profile's)")
     up.add_argument("--port", type=_port, default=0, help="local backend: the agent's port")
     up.add_argument("--no-attach", action="store_true", help="do not attach the session")
     up.add_argument("--json", action="store_true", help="print the box record as JSON")
-    up.add_argument("--profile", default="default", help="kubernetes: the box profile (pool)")
+    up.add_argument(
+        "--profile", default="default", help="the box's profile (`devbox profiles`; default)"
+    )
     up.add_argument("--timeout", type=_seconds, help="seconds to wait for the box to start")
 
     ls = sub.add_parser("ls", parents=[backend], help="list your boxes")
@@ -186,14 +188,19 @@ def build_parser() -> argparse.ArgumentParser:
         dest="pool_command", metavar="ACTION", parser_class=_Parser, required=True
     )
     warm = pool_sub.add_parser("warm", parents=[backend], help="top the pool up to --size pods")
-    warm.add_argument("--profile", default="default")
-    warm.add_argument("--gpus", type=_gpu_count, default=0, help="GPUs per warm pod")
+    warm.add_argument("--profile", default="default", help="the pods' profile (default)")
+    warm.add_argument("--gpus", type=_gpu_count, help="GPUs per warm pod (default: the profile's)")
     warm.add_argument("--size", type=_gpu_count, default=1, help="unclaimed pods to keep")
     warm.add_argument("--no-wait", action="store_true", help="do not wait for them to start")
     warm.add_argument("--timeout", type=_seconds, help="seconds to wait for them to start")
     warm.add_argument("--json", action="store_true", help="the pool as a JSON array")
     pls = pool_sub.add_parser("ls", parents=[backend], help="list the warm pods")
     pls.add_argument("--json", action="store_true")
+
+    profiles = sub.add_parser(
+        "profiles", parents=[backend], help="the box profiles you may claim, and their source"
+    )
+    profiles.add_argument("--json", action="store_true", help="one JSON array of profiles")
 
     _add_run_commands(sub, backend)
     scaler = sub.add_parser(

@@ -16,7 +16,7 @@ from devbox import config as config_mod
 from devbox import statsview
 from devbox.backends import get as get_backend
 from devbox.backends.base import Backend
-from devbox.boxes import Box, BoxSpec
+from devbox.boxes import Box
 from devbox.errors import EXIT_FAILURE, DevboxError, UsageError
 from devbox.names import validate_name
 
@@ -113,9 +113,8 @@ def up(args: argparse.Namespace) -> int:
     attach = not (args.no_attach or args.json) and sys.stdin.isatty() and sys.stdout.isatty()
     if attach:
         _prefetch_client(backend)
-    box = backend.claim(
-        BoxSpec(gpus=args.gpus, profile=args.profile), name=args.name, port=args.port
-    )
+    spec = backend.resolve(args.profile, gpus=args.gpus)
+    box = backend.claim(spec, name=args.name, port=args.port)
     # On Kubernetes the refresh lists the boxes (an API request, 40 ms): beside the
     # session's start, not before it. Joined before the command ends either way.
     refresh = threading.Thread(target=_refresh_ssh_config_or_warn, args=(backend,))
@@ -253,9 +252,8 @@ def pool(args: argparse.Namespace) -> int:
     if not isinstance(backend, KubernetesBackend):
         raise UsageError("the warm pool is a kubernetes feature: add --backend kubernetes")
     if args.pool_command == "warm":
-        boxes = backend.warm(
-            BoxSpec(gpus=args.gpus, profile=args.profile), size=args.size, wait=not args.no_wait
-        )
+        spec = backend.resolve(args.profile, gpus=args.gpus)
+        boxes = backend.warm(spec, size=args.size, wait=not args.no_wait)
     else:
         boxes = backend.pool()
     if getattr(args, "json", False):
@@ -275,6 +273,22 @@ def pool(args: argparse.Namespace) -> int:
             for b in boxes
         ]
     )
+    return 0
+
+
+def profiles(args: argparse.Namespace) -> int:
+    found = backend_for(args).profiles()
+    if args.json:
+        print(json.dumps([prof.to_json() for prof in found]))
+        return 0
+    rows = [("NAME", "GPUS", "CPU", "MEMORY", "IMAGE", "NODES", "SOURCE")]
+    for prof in sorted(found, key=lambda x: x.name):
+        nodes = ",".join(f"{k}={v}" for k, v in prof.node_selector) or "-"
+        if prof.tolerations:
+            nodes += f" (+{len(prof.tolerations)} toleration(s))"
+        image = prof.image or "(config image)"
+        rows.append((prof.name, str(prof.gpus), prof.cpu, prof.memory, image, nodes, prof.source))
+    _table(rows)
     return 0
 
 
@@ -367,6 +381,7 @@ def dispatch(args: argparse.Namespace) -> int:
         "autoscaler": autoscaler,
         "explain": explain,
         "pool": pool,
+        "profiles": profiles,
         "up": up,
         "ls": ls,
         "down": down,

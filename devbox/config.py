@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from devbox import paths
+from devbox import paths, profiles
 from devbox.errors import UsageError
+from devbox.profiles import Profile
 
 BACKENDS = ("local", "kubernetes")
 MULTIPLEXERS = ("auto", "screen", "tmux", "none")
@@ -30,7 +32,12 @@ class Config:
     home_storage_class: str = ""
     home_size: str = "100Gi"
     service_account: str = "devbox-agent"
-    warm_priority_class: str = "devbox-warm"
+    # The PriorityClass of every box pod, warm or claimed; empty: the cluster's default.
+    # One priority for both, because a pod's priority is fixed at its creation: a warm pod
+    # made at a lower one would stay preemptible after a user claimed it.
+    priority_class: str = ""
+    # The user's own [profiles.NAME] tables; they replace the cluster's of the same name.
+    profiles: tuple[Profile, ...] = ()
 
 
 _FIELDS: dict[str, type] = {
@@ -43,8 +50,13 @@ _FIELDS: dict[str, type] = {
     "home_storage_class": str,
     "home_size": str,
     "service_account": str,
-    "warm_priority_class": str,
+    "priority_class": str,
 }
+_REMOVED = {
+    "warm_priority_class": "warm pods now run at priority_class, as every box (see README)",
+}
+# A PriorityClass name: a DNS-1123 subdomain.
+_SUBDOMAIN = re.compile(r"^[a-z0-9]([a-z0-9-]*[a-z0-9])?(\.[a-z0-9]([a-z0-9-]*[a-z0-9])?)*$")
 
 
 def load(path: Path | None = None) -> Config:
@@ -66,6 +78,11 @@ def load(path: Path | None = None) -> Config:
 def _validate(data: dict[str, Any], path: Path) -> Config:
     values: dict[str, Any] = {}
     for key, value in data.items():
+        if key == "profiles":
+            values[key] = profiles.parse_table(value, source=f"config file {path}")
+            continue
+        if key in _REMOVED:
+            raise UsageError(f"config file {path}: {key} was removed: {_REMOVED[key]}")
         kind = _FIELDS.get(key)
         if kind is None:
             raise UsageError(f"config file {path}: unknown setting {key!r}")
@@ -83,6 +100,13 @@ def _validate(data: dict[str, Any], path: Path) -> Config:
         )
     if not 0 < config.start_timeout <= 3600:
         raise UsageError(f"config file {path}: start_timeout must be in (0, 3600] seconds")
+    if config.priority_class and not (
+        len(config.priority_class) <= 253 and _SUBDOMAIN.match(config.priority_class)
+    ):
+        raise UsageError(
+            f"config file {path}: priority_class must be a PriorityClass name "
+            f"(lowercase DNS subdomain), not {config.priority_class!r}"
+        )
     return config
 
 

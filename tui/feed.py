@@ -112,7 +112,13 @@ class BackendFeed:
             from devbox.backends import get
 
             chosen = get(backend, config.load())
-        return await asyncio.to_thread(chosen.claim, spec, name=name)
+
+        def claim() -> Box:
+            # The form names a profile and a GPU count: the profile gives the rest.
+            resolved = chosen.resolve(spec.profile, gpus=spec.gpus)
+            return chosen.claim(resolved, name=name)
+
+        return await asyncio.to_thread(claim)
 
     async def release(self, box: Box) -> None:
         await asyncio.to_thread(self.backend.release, box.name)

@@ -4,12 +4,12 @@ UsageError naming the setting, never a silent default."""
 
 from __future__ import annotations
 
-import re
 import tomllib
 from dataclasses import dataclass, fields
 from typing import Any
 
 from devbox.errors import UsageError
+from devbox.profiles import check_name
 
 SIGNALS = ("input", "clients", "gpu", "cpu", "probe", "runs")
 # An attached session nobody types in is not use (it is how GPUs get held overnight), so
@@ -19,15 +19,15 @@ DEFAULT_SIGNALS = ("input", "gpu", "cpu", "probe", "runs")
 CONFIG_MAP = "devbox-autoscaler"  # in the namespace the autoscaler looks after
 CONFIG_KEY = "autoscaler.toml"
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
-_LABEL = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9._-]{0,61}[A-Za-z0-9])?$")
 
 
 @dataclass(frozen=True, kw_only=True)
 class PoolTarget:
-    """Keep `size` unclaimed warm pods of this profile and GPU count."""
+    """Keep `size` unclaimed warm pods of this profile (with `gpus` GPUs instead of the
+    profile's own count, when given)."""
 
     profile: str
-    gpus: int
+    gpus: int | None
     size: int
 
 
@@ -164,20 +164,18 @@ def _whole(value: object, what: str) -> int:
 def _pools(raw: object) -> tuple[PoolTarget, ...]:
     if not isinstance(raw, list):
         raise UsageError("pool must be a list of tables ([[pool]] profile, gpus, size)")
-    out: dict[tuple[str, int], PoolTarget] = {}
+    out: dict[tuple[str, int | None], PoolTarget] = {}
     for entry in raw:
         if not isinstance(entry, dict) or set(entry) - {"profile", "gpus", "size"}:
             raise UsageError("each [[pool]] has only profile, gpus and size")
         profile = entry.get("profile", "default")
-        if not isinstance(profile, str) or not _LABEL.match(profile):
-            raise UsageError(f"pool profile must be a label value, not {profile!r}")
-        gpus, size = (
-            _whole(entry.get("gpus", 0), "pool gpus"),
-            _whole(entry.get("size"), "pool size"),
-        )
-        if gpus < 0 or size < 0:
+        check_name(profile, "pool profile")
+        gpus = _whole(entry["gpus"], "pool gpus") if "gpus" in entry else None
+        size = _whole(entry.get("size"), "pool size")
+        if (gpus is not None and gpus < 0) or size < 0:
             raise UsageError("pool gpus and size must be at least 0")
         if (profile, gpus) in out:
-            raise UsageError(f"pool {profile!r} with {gpus} GPU(s) is listed twice")
+            with_gpus = "its own GPU count" if gpus is None else f"{gpus} GPU(s)"
+            raise UsageError(f"pool {profile!r} with {with_gpus} is listed twice")
         out[(profile, gpus)] = PoolTarget(profile=profile, gpus=gpus, size=size)
     return tuple(out.values())

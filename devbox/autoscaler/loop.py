@@ -21,10 +21,16 @@ log = logging.getLogger("devbox.autoscaler")
 @dataclass(frozen=True)
 class Snapshot:
     facts: Sequence[policy.BoxFacts]
-    # Unclaimed warm pods per (profile, GPU count), counting those being created.
+    # Unclaimed warm pods of the current shape per (profile, GPU count), counting those
+    # being created.
     warm: Mapping[tuple[str, int], int] = field(default_factory=dict)
     # Seconds from claim to a serving agent, for claims seen since the last snapshot.
     claim_latencies: Sequence[float] = ()
+    # Every unclaimed warm pod, and the pods waiting for GPUs (devbox.autoscaler.pool).
+    warm_pods: Sequence[policy.WarmPod] = ()
+    pending: Sequence[policy.PendingPod] = ()
+    # Each known profile's GPU count; None: this world has no profiles (no warm pools).
+    profiles: Mapping[str, int] | None = None
 
 
 class World(Protocol):
@@ -65,6 +71,7 @@ class Autoscaler:
         self.state = world.load_state()
         self._saved = self.state.dumps()
         self._last_pass = 0.0
+        self._noted: set[str] = set()
 
     def reconcile(self) -> PassResult:
         started = time.perf_counter()
@@ -72,8 +79,18 @@ class Autoscaler:
         now = self.clock()
         self.state.memory = policy.observe(self.state.memory, snap.facts, self.settings)
         decision = policy.decide(
-            snap.facts, memory=self.state.memory, now=now, settings=self.settings, warm=snap.warm
+            snap.facts,
+            memory=self.state.memory,
+            now=now,
+            settings=self.settings,
+            warm=snap.warm,
+            warm_pods=snap.warm_pods,
+            pending=snap.pending,
+            profiles=snap.profiles,
         )
+        for note in set(decision.notes) - self._noted:  # once each, not every pass
+            log.warning("%s", note)
+        self._noted = set(decision.notes)
         applied, failed = [], []
         for action in decision.actions:
             try:
@@ -117,6 +134,10 @@ class Autoscaler:
 def _describe(action: policy.Action) -> str:
     if isinstance(action, policy.CreateWarm):
         return f"warm pool {action.profile}/{action.gpus} GPU(s): creating {action.count} pod(s)"
+    if isinstance(action, policy.Yield):
+        return f"yielded warm pod {action.key} ({action.profile}): {action.why}"
+    if isinstance(action, policy.DropStale):
+        return f"deleted stale warm pod {action.key}: {action.why}"
     kind = type(action).__name__
     words = {
         "Warn": "warned",

@@ -37,6 +37,8 @@ class Metrics:
         self.releases: dict[str, int] = {}
         self.warnings = 0
         self.warm: dict[tuple[str, int], int] = {}
+        self.warm_removed: dict[str, int] = {"yield": 0, "stale": 0}
+        self.gpu_pending = 0
         self.latency_counts = [0] * (len(LATENCY_BUCKETS) + 1)
         self.latency_sum = 0.0
         self.passes = 0
@@ -66,7 +68,12 @@ class Metrics:
                     self.releases[action.reason] = self.releases.get(action.reason, 0) + 1
                 elif isinstance(action, policy.Warn):
                     self.warnings += 1
+                elif isinstance(action, policy.Yield):
+                    self.warm_removed["yield"] += 1
+                elif isinstance(action, policy.DropStale):
+                    self.warm_removed["stale"] += 1
             self.warm = dict(snap.warm)
+            self.gpu_pending = len(snap.pending)
             for seconds in snap.claim_latencies:
                 self.latency_sum += seconds
                 slot = next(
@@ -114,6 +121,18 @@ class Metrics:
                 "gauge",
                 "Unclaimed warm pods, by profile and GPU count.",
                 [(_labels(profile=p, gpus=g), n) for (p, g), n in sorted(self.warm.items())],
+            )
+            series(
+                "devbox_warm_pods_removed_total",
+                "counter",
+                "Unclaimed warm pods deleted: yielded to pending GPU work, or of a stale shape.",
+                [(_labels(reason=r), n) for r, n in sorted(self.warm_removed.items())],
+            )
+            series(
+                "devbox_gpu_pending_pods",
+                "gauge",
+                "Pods the scheduler could not place for lack of GPUs, at the last pass.",
+                [("", self.gpu_pending)],
             )
             cumulative, rows = 0, []
             for bound, count in zip(

@@ -13,7 +13,13 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 
+from devbox.autoscaler import pool
 from devbox.autoscaler.config import Settings
+from devbox.autoscaler.pool import CreateWarm as CreateWarm
+from devbox.autoscaler.pool import DropStale as DropStale
+from devbox.autoscaler.pool import PendingPod as PendingPod
+from devbox.autoscaler.pool import WarmPod as WarmPod
+from devbox.autoscaler.pool import Yield as Yield
 from devbox.boxes import Box, BoxState
 from devbox.protocol import Activity
 from devbox.statsview import age as _span
@@ -102,20 +108,15 @@ class MarkHealthy:
     why: str
 
 
-@dataclasses.dataclass(frozen=True)
-class CreateWarm:
-    profile: str
-    gpus: int
-    count: int
-
-
-Action = Warn | Unwarn | Release | MarkUnhealthy | MarkHealthy | CreateWarm
+Action = Warn | Unwarn | Release | MarkUnhealthy | MarkHealthy | CreateWarm | Yield | DropStale
 
 
 @dataclasses.dataclass(frozen=True)
 class Decision:
     actions: tuple[Action, ...]
     verdicts: tuple[Verdict, ...]
+    # What the policy could not do, in words for the log (a pool of an unknown profile).
+    notes: tuple[str, ...] = ()
 
 
 # --- memory of the signals that are states -------------------------------------------
@@ -191,7 +192,13 @@ def decide(
     now: float,
     settings: Settings,
     warm: Mapping[tuple[str, int], int] | None = None,
+    warm_pods: Sequence[WarmPod] = (),
+    pending: Sequence[PendingPod] = (),
+    profiles: Mapping[str, int] | None = None,
 ) -> Decision:
+    """This pass's actions and a verdict per box. `warm` counts unclaimed warm pods of
+    the current shape per (profile, GPUs); `warm_pods`, `pending` and `profiles` are the
+    facts the pools' rules (devbox.autoscaler.pool) need."""
     actions: list[Action] = []
     verdicts: list[Verdict] = []
     due: list[tuple[float, Release, Verdict]] = []
@@ -218,11 +225,11 @@ def decide(
                     "releases per pass",
                 )
             )
-    for target in settings.pools:
-        have = (warm or {}).get((target.profile, target.gpus), 0)
-        if have < target.size:
-            actions.append(CreateWarm(target.profile, target.gpus, target.size - have))
-    return Decision(tuple(actions), tuple(verdicts))
+    pool_actions, notes = pool.actions(
+        settings.pools, warm=warm or {}, warm_pods=warm_pods, pending=pending, profiles=profiles
+    )
+    actions.extend(pool_actions)
+    return Decision(tuple(actions), tuple(verdicts), tuple(notes))
 
 
 def _one(

@@ -7,13 +7,24 @@ import socket
 from typing import Protocol
 
 from devbox.boxes import Box, BoxSpec
+from devbox.profiles import Profile
 
 
 class Backend(Protocol):
     name: str
 
+    def profiles(self) -> builtins.list[Profile]:
+        """Every profile a claim may name, each with where it came from."""
+        ...
+
+    def resolve(self, profile: str, *, gpus: int | None = None) -> BoxSpec:
+        """The spec of a box of `profile` (UsageError naming the known ones when there is
+        no such profile); `gpus`, an explicit --gpus, replaces the profile's count."""
+        ...
+
     def claim(self, spec: BoxSpec, *, name: str | None = None, port: int = 0) -> Box:
-        """Start (or take) a box and return it running. `name` None: generate one."""
+        """Start (or take) a box of `spec` (from `resolve`) and return it running.
+        `name` None: generate one."""
         ...
 
     def release(self, name: str, *, purge: bool = False) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from devbox import completion, statsview
 from devbox.backends.base import Backend
-from devbox.boxes import Box, BoxSpec
+from devbox.boxes import Box
 from devbox.commands import backend_for
 from devbox.errors import EXIT_FAILURE, DevboxError, UsageError
 from devbox.names import validate_name
@@ -34,7 +34,7 @@ def _words(cmd: list[str]) -> list[str]:
 def _box_for_run(backend: Backend, args: argparse.Namespace) -> Box:
     if args.box is not None:
         return remote.live(backend, args.box)
-    box = backend.claim(BoxSpec(gpus=args.gpus or 0))
+    box = backend.claim(backend.resolve("default", gpus=args.gpus))
     from devbox import commands
 
     commands._refresh_ssh_config(backend)

@@ -244,3 +244,16 @@ def test_keep_bad_input(user: User) -> None:
     missing = user.devbox("keep", "nobox")
     assert missing.returncode == 2 and b"no box named 'nobox'" in missing.stderr
     assert _ls(user)["k2"]["keep_until"] == 0  # nothing half-written
+
+
+def test_a_profile_gives_its_gpus_locally_and_gpus_overrides_it(user: User) -> None:
+    # Locally only a profile's GPU count applies; cpu, memory and the rest are ignored.
+    user.gpus(3)
+    cfg = user.home / ".config/devbox/config.toml"
+    cfg.parent.mkdir(parents=True, exist_ok=True)
+    cfg.write_text('[profiles.pair]\ngpus = 2\ncpu = "8"\nmemory = "64Gi"\n')
+    box = user.up("pp", "--profile", "pair")
+    assert len(box["gpu_ids"]) == 2  # type: ignore[arg-type]
+    assert box["spec"]["profile"] == "pair" and box["spec"]["gpus"] == 2  # type: ignore[index]
+    one = user.up("po", "--profile", "pair", "--gpus", "1")
+    assert len(one["gpu_ids"]) == 1  # type: ignore[arg-type]

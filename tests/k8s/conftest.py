@@ -4,6 +4,7 @@ per test with the agent's RBAC applied by kubectl, and a devbox user pointed at 
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import secrets
 import shutil
@@ -145,3 +146,75 @@ def kube(cluster: Cluster, tmp_path: Path, nvml_lib_dir: Path) -> Iterator[KubeU
     yield made
     cluster.kubectl_run("delete", "namespace", made.namespace, "--wait=false")
     made.user.stop_all()
+
+
+@dataclass(frozen=True)
+class Node:
+    """A simulated GPU node of one test's own: tainted, so that only pods tolerating
+    `taint` (key, value; NoSchedule) land on it, whatever else runs in the cluster."""
+
+    name: str
+    gpus: int
+    taint: tuple[str, str]
+
+
+@pytest.fixture
+def own_node(kube: KubeUser) -> Iterator[Node]:
+    node = Node(name=f"gpu-{kube.namespace}", gpus=2, taint=("devbox.io/test", kube.namespace))
+    body = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": node.name,
+            # As scripts/test-cluster's nodes: kwok manages it and keeps this status.
+            "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
+            "labels": {
+                "type": "kwok",
+                "kubernetes.io/arch": "amd64",
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/hostname": node.name,
+                "nvidia.com/gpu.present": "true",
+            },
+        },
+        "spec": {
+            "taints": [{"key": node.taint[0], "value": node.taint[1], "effect": "NoSchedule"}]
+        },
+        "status": {
+            "capacity": {"cpu": "8", "memory": "32Gi", "pods": "110", "nvidia.com/gpu": "2"},
+            "allocatable": {"cpu": "8", "memory": "32Gi", "pods": "110", "nvidia.com/gpu": "2"},
+        },
+    }
+    made = kube.cluster.kubectl_run("apply", "-f", "-", input=json.dumps(body).encode())
+    assert made.returncode == 0, made.stderr
+    try:
+        ready = kube.cluster.kubectl_run(
+            "wait", "--for=condition=Ready", f"node/{node.name}", "--timeout=120s"
+        )
+        assert ready.returncode == 0, ready.stderr
+        yield node
+    finally:
+        kube.cluster.kubectl_run("delete", "node", node.name, "--wait=false")
+
+
+def set_profiles(kube: KubeUser, text: str) -> None:
+    body = {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": "devbox-profiles", "namespace": kube.namespace},
+        "data": {"profiles.toml": text},
+    }
+    done = kube.cluster.kubectl_run("apply", "-f", "-", input=json.dumps(body).encode())
+    assert done.returncode == 0, done.stderr
+
+
+def pinned(node: Node) -> str:
+    """A profile of one GPU on `node` (selected by hostname, tolerating its taint)."""
+    key, value = node.taint
+    return f"""
+[profiles.pinned]
+gpus = 1
+cpu = "250m"
+memory = "300Mi"
+node_selector = {{ "kubernetes.io/hostname" = "{node.name}" }}
+tolerations = [{{ key = "{key}", operator = "Equal", value = "{value}", effect = "NoSchedule" }}]
+"""

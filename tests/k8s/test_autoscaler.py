@@ -22,7 +22,7 @@ import pytest
 
 from tests import nvml_sim
 from tests.conftest import REPO, ls_table
-from tests.k8s.conftest import Cluster, KubeUser
+from tests.k8s.conftest import Cluster, KubeUser, Node, new_namespace, pinned, set_profiles
 from tests.terminal import Terminal
 from tests.waiting import wait_until
 
@@ -214,9 +214,11 @@ def test_autoscaler_on_the_real_control_plane(kube: KubeUser, tmp_path: Path) ->
             lambda: len(k.ready_warm()) == 2 and kept_pod not in k.ready_warm() and k.ready_warm(),
         )
         assert set(refilled) - first_pool
-        # At the low priority (images/k8s/cluster.yaml), so real work preempts them.
+        # At the priority of every box (the cluster's default here): a claimed warm pod
+        # is never preemptible; the autoscaler yields unclaimed ones to pending work.
         spec = k.pod(sorted(refilled)[0])["spec"]  # type: ignore[index]
-        assert spec["priorityClassName"] == "devbox-warm" and spec["priority"] == -10
+        assert "priorityClassName" not in spec and spec["priority"] == 0
+        assert k.pod(kept_pod)["spec"]["priority"] == 0  # type: ignore[index]
         kube.devbox("keep", "kept", "--for", "90s", check=True)
         keep_until = float(k.pod(kept_pod)["metadata"]["annotations"]["devbox.io/keep-until"])  # type: ignore[index]
 
@@ -324,6 +326,8 @@ def test_autoscaler_on_the_real_control_plane(kube: KubeUser, tmp_path: Path) ->
                 proc.wait(timeout=20)
     text = log.read_text()
     assert "released box idle" in text and "Traceback" not in text, text
+    # Its Role lists pods in its namespace only: pending GPU work is looked for there.
+    assert "may not list pods in every namespace" in text
 
 
 def test_a_bad_config_map_is_one_line_at_start(kube: KubeUser) -> None:
@@ -346,3 +350,127 @@ def test_a_bad_config_map_is_one_line_at_start(kube: KubeUser) -> None:
         f"devbox: error: autoscaler config ConfigMap {k.ns}/devbox-autoscaler: "
         "warning (7200s) must be shorter than idle_timeout (3600s)"
     ]
+
+
+def _plain_gpu_pod(name: str, node: Node) -> bytes:
+    """A pod that is not devbox's, asking for one GPU of `node` (kwok "runs" it)."""
+    key, value = node.taint
+    body = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "containers": [
+                {
+                    "name": "train",
+                    "image": "train:1",
+                    "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                }
+            ],
+            "nodeSelector": {"kubernetes.io/hostname": node.name},
+            "tolerations": [{"key": key, "value": value, "effect": "NoSchedule"}],
+        },
+    }
+    return json.dumps(body).encode()
+
+
+@pytest.mark.timeout(300)
+def test_warm_pods_yield_to_pods_waiting_for_gpus(
+    kube: KubeUser, own_node: Node, tmp_path: Path
+) -> None:
+    k = Kube(kube)
+    applied = k.cluster.kubectl_run(
+        "apply", "-n", k.ns, "-f", str(REPO / "images/k8s/autoscaler.yaml")
+    )
+    assert applied.returncode == 0, applied.stderr
+    # It may see the pods waiting in every namespace (images/k8s/cluster.yaml's role).
+    other = new_namespace(k.cluster, agent_rbac=False)
+    binding = f"devbox-pending-{k.ns}"
+    bound = k.cluster.kubectl_run(
+        "create", "clusterrolebinding", binding, "--clusterrole", "devbox-pending-pods-reader",
+        "--serviceaccount", f"{k.ns}:devbox-autoscaler",
+    )  # fmt: skip
+    assert bound.returncode == 0, bound.stderr
+    # A one-GPU profile on this test's own 2-GPU node, and a pool of one of it.
+    set_profiles(kube, pinned(own_node))
+    port = _free_port()
+    settings = f'interval = 1\nmetrics_port = {port}\n[[pool]]\nprofile = "pinned"\nsize = 1\n'
+    patch = json.dumps({"data": {"autoscaler.toml": settings}})
+    done = k.cluster.kubectl_run(
+        "patch", "configmap", "devbox-autoscaler", "-n", k.ns, "--type", "merge", "-p", patch
+    )
+    assert done.returncode == 0, done.stderr
+    env = dict(kube.user.env, KUBECONFIG=str(k.sa_kubeconfig(tmp_path / "sa.kubeconfig")))
+    log = tmp_path / "autoscaler.log"
+    proc = _start(env, log)
+
+    def metrics() -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            return str(r.read().decode())
+
+    def passes() -> int:
+        line = next(x for x in metrics().splitlines() if x.startswith("devbox_reconcile_passes"))
+        return int(float(line.split()[1]))
+
+    def on_node(name: str, ns: str = k.ns) -> bool:
+        got = k.cluster.kubectl_run("get", "pod", name, "-n", ns, "-o", "json")
+        return got.returncode == 0 and json.loads(got.stdout)["spec"].get("nodeName") == (
+            own_node.name
+        )
+
+    try:
+        (stale,) = _wait("a warm pod of the profile", lambda: k.ready_warm())
+        # The administrator changes the profile: the pod of the old shape is replaced.
+        set_profiles(kube, pinned(own_node).replace('cpu = "250m"', 'cpu = "260m"'))
+        (first,) = _wait("the new shape's warm pod", lambda: set(k.ready_warm()) - {stale})
+        _wait("the stale pod gone", lambda: k.pod(stale) is None)
+        assert k.events(stale) == ["DevboxWarmStale"]
+        (container,) = k.pod(first)["spec"]["containers"]  # type: ignore[index]
+        assert container["resources"]["requests"]["cpu"] == "260m"
+        # A user claims it; the pool is refilled: the node's two GPUs are taken.
+        box = json.loads(
+            kube.devbox(
+                "up", "mine", "--profile", "pinned", "--no-attach", "--json", check=True
+            ).stdout
+        )
+        assert box["extra"]["pod"] == first
+        mine = k.pod(first)["metadata"]["uid"]  # type: ignore[index]
+        (second,) = _wait(
+            "the refilled pool", lambda: [w for w in k.ready_warm() if w != first and on_node(w)]
+        )
+
+        # Work that is not devbox's, in another namespace, wants a GPU: the unclaimed warm
+        # pod makes way for it.
+        made = k.cluster.kubectl_run(
+            "apply", "-n", other, "-f", "-", input=_plain_gpu_pod("train", own_node)
+        )
+        assert made.returncode == 0, made.stderr
+        _wait("the waiting pod scheduled on the node", lambda: on_node("train", other))
+        assert "DevboxWarmYielded" in k.events(second)
+        gone = k.pod(second)
+        assert gone is None or gone["metadata"].get("deletionTimestamp")
+        yielded = 'devbox_warm_pods_removed_total{reason="yield"}'
+        assert any(x.startswith(yielded) and not x.endswith(" 0") for x in metrics().splitlines())
+
+        # More work waits, and only the claimed box holds a GPU: it is never touched, and
+        # the pool is not refilled onto the GPUs the work waits for.
+        made = k.cluster.kubectl_run(
+            "apply", "-n", k.ns, "-f", "-", input=_plain_gpu_pod("more", own_node)
+        )
+        assert made.returncode == 0, made.stderr
+        _wait("the waiting pod seen", lambda: "devbox_gpu_pending_pods 1" in metrics())
+        seen = passes()
+        _wait("three more passes", lambda: passes() >= seen + 3, timeout=60)
+        still = k.pod(first)
+        assert still is not None and still["metadata"]["uid"] == mine
+        assert not still["metadata"].get("deletionTimestamp")
+        assert not [w for w in k.ready_warm() if on_node(w)]
+        assert kube.devbox("ssh", "mine", "--", "echo", "ok", check=True).stdout == b"ok\n"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+        k.cluster.kubectl_run("delete", "clusterrolebinding", binding)
+        k.cluster.kubectl_run("delete", "namespace", other, "--wait=false")
+    text = log.read_text()
+    assert f"yielded warm pod {second}" in text and "Traceback" not in text, text
+    assert "may not list pods in every namespace" not in text

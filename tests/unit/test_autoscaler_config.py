@@ -38,7 +38,7 @@ def test_defaults_and_values() -> None:
         ("signals = []", "signals must be a non-empty list"),
         ("metrics_port = 70000", "metrics_port must be between 0"),
         ("[[pool]]\nsize = -1", "pool gpus and size must be at least 0"),
-        ('[[pool]]\nprofile = "a b"\nsize = 1', "pool profile must be a label value"),
+        ('[[pool]]\nprofile = "a b"\nsize = 1', "pool profile must be lowercase letters"),
         ("[[pool]]\nsize = 1\ncolour = 2", "each [[pool]] has only profile, gpus and size"),
         ("[[pool]]\nsize = 1\n[[pool]]\nsize = 2", "is listed twice"),
         ("pool = 3", "pool must be a list of tables"),

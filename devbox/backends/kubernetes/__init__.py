@@ -13,13 +13,14 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from devbox import names
+from devbox import names, profiles
 from devbox import protocol as p
-from devbox.backends.kubernetes import api, capacity, pods, portforward, watching
+from devbox.backends.kubernetes import api, capacity, clusterprofiles, pods, portforward, watching
 from devbox.backends.kubernetes.rest import ApiError
 from devbox.boxes import Box, BoxSpec, BoxState
 from devbox.config import Config
 from devbox.errors import DevboxError, ResourceError, UsageError
+from devbox.profiles import Profile
 from devbox.ssh import known_hosts
 from devbox.ssh.keys import ensure_user_key
 
@@ -123,6 +124,18 @@ class KubernetesBackend:
     def problems(self) -> builtins.list[str]:
         return []
 
+    # --- profiles -------------------------------------------------------------------
+
+    def profiles(self) -> builtins.list[Profile]:
+        """Built in, the namespace's ConfigMap devbox-profiles, then the user's config."""
+        with api.errors(self.cluster):
+            return builtins.list(clusterprofiles.catalog(self.cluster, self.config).values())
+
+    def resolve(self, profile: str, *, gpus: int | None = None) -> BoxSpec:
+        with api.errors(self.cluster):
+            catalog = clusterprofiles.catalog(self.cluster, self.config)
+        return profiles.choose(catalog, profile).spec(gpus=gpus)
+
     def watch(self, stop: threading.Event) -> Iterator[tuple[str, Box]]:
         """This user's box changes, as ("ADDED" | "MODIFIED" | "DELETED", box), until stop."""
         selector = f"{pods.MANAGED},{p.LABEL_STATE}=claimed,{p.LABEL_OWNER}={self.owner}"
@@ -168,11 +181,9 @@ class KubernetesBackend:
                 raise
 
     def _claim_warm(self, spec: BoxSpec, name: str, owner_key: str) -> dict[str, Any] | None:
-        """The warm pod this claim took, as the PATCH answered it, or None."""
-        selector = (
-            f"{pods.MANAGED},{p.LABEL_STATE}=warm,"
-            f"{p.LABEL_PROFILE}={pods.label_value(spec.profile)},devbox.io/gpus={spec.gpus}"
-        )
+        """The warm pod this claim took, as the PATCH answered it, or None. Only a pod of
+        the very shape asked for: one made before its profile changed serves nobody."""
+        selector = f"{self._pool_selector(spec)},{pods.LABEL_SHAPE}={pods.shape(self.config, spec)}"
         ready = [pod for pod in self._pods(selector) if pods.is_ready_warm(pod)]
         # Concurrent claimers start at different pods, so most first tries succeed.
         random.shuffle(ready)
@@ -312,21 +323,38 @@ class KubernetesBackend:
             warm = self._pods(f"{pods.MANAGED},{p.LABEL_STATE}=warm")
         return [pods.to_box(pod) for pod in warm]
 
-    def warm(self, spec: BoxSpec, *, size: int, wait: bool = True) -> builtins.list[Box]:
-        """Top the profile's pool up to `size` unclaimed pods; returns the pool."""
-        c = self.cluster
-        selector = (
+    def _pool_selector(self, spec: BoxSpec) -> str:
+        """The warm pods of the spec's profile and GPU count, whatever their shape."""
+        return (
             f"{pods.MANAGED},{p.LABEL_STATE}=warm,"
-            f"{p.LABEL_PROFILE}={pods.label_value(spec.profile)},devbox.io/gpus={spec.gpus}"
+            f"{p.LABEL_PROFILE}={pods.label_value(spec.profile)},{pods.LABEL_GPUS}={spec.gpus}"
         )
+
+    def warm(self, spec: BoxSpec, *, size: int, wait: bool = True) -> builtins.list[Box]:
+        """Top the profile's pool up to `size` unclaimed pods of its current shape, deleting
+        those of an older shape; returns the pool."""
+        c = self.cluster
+        selector = self._pool_selector(spec)
+        shape = pods.shape(self.config, spec)
+        current = f"{selector},{pods.LABEL_SHAPE}={shape}"
         with api.errors(c):
             self._ensure_homes()
-            have = [x for x in self._pods(selector) if not x["metadata"].get("deletionTimestamp")]
-            for _ in range(max(0, size - len(have))):
+            have = 0
+            for x in self._pods(selector):
+                if x["metadata"].get("deletionTimestamp"):
+                    continue
+                if (x["metadata"].get("labels") or {}).get(pods.LABEL_SHAPE) == shape:
+                    have += 1
+                elif self._delete_unclaimed(x):
+                    self.progress(
+                        f"deleted warm pod {pods.name(x)}: its shape is no longer "
+                        f"profile {spec.profile}'s"
+                    )
+            for _ in range(max(0, size - have)):
                 c.rest.post(c.pods(), pods.box_pod(self.config, spec=spec))
             deadline = time.monotonic() + self.config.start_timeout
             while wait:
-                ready = [x for x in self._pods(selector) if pods.is_ready_warm(x)]
+                ready = [x for x in self._pods(current) if pods.is_ready_warm(x)]
                 if len(ready) >= size:
                     break
                 if time.monotonic() > deadline:
@@ -335,4 +363,16 @@ class KubernetesBackend:
                         f"within {self.config.start_timeout:g}s"
                     )
                 time.sleep(0.2)
-            return [pods.to_box(x) for x in self._pods(selector)]
+            return [pods.to_box(x) for x in self._pods(current)]
+
+    def _delete_unclaimed(self, pod: dict[str, Any]) -> bool:
+        """Deletes the warm pod as it was read; False when it is gone or changed since (a
+        claim changes it: a claimed box is never deleted by this)."""
+        c = self.cluster
+        try:
+            c.rest.delete(c.pods(pods.name(pod)), body=pods.unchanged(pod))
+        except ApiError as exc:
+            if exc.status in (404, 409):
+                return False
+            raise
+        return True

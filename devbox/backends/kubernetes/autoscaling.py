@@ -1,6 +1,6 @@
 """The autoscaler's view of a namespace: box pods and their Leases from two list-watch
-caches; its decisions written back as pod annotations and Events; the warm pool; its
-settings and memory in ConfigMaps."""
+caches; its decisions written back as pod annotations and Events; the warm pools (in
+warmpool.py); its settings and memory in ConfigMaps."""
 
 from __future__ import annotations
 
@@ -20,14 +20,12 @@ from devbox.autoscaler.state import STATE_CONFIG_MAP, STATE_KEY, State, loads
 from devbox.backends.kubernetes import KubernetesBackend, api, pods
 from devbox.backends.kubernetes.informer import Informer
 from devbox.backends.kubernetes.rest import ApiError
-from devbox.boxes import BoxSpec
+from devbox.backends.kubernetes.warmpool import WarmPools
 from devbox.errors import DevboxError, UsageError
 
 log = logging.getLogger("devbox.autoscaler")
 SYNC_TIMEOUT = 60.0
 COMPONENT = "devbox-autoscaler"
-# A warm pod we created is counted until the cache shows it, or for this long.
-CREATING_FOR = 60.0
 
 
 class KubeWorld:
@@ -36,11 +34,14 @@ class KubeWorld:
         self._stop = threading.Event()
         self._pods: Informer | None = None
         self._leases: Informer | None = None
+        self._pending: Informer | None = None
         self._cached: dict[str, Any] = {}  # pod name -> the pod this pass decided on
-        self._creating: dict[str, tuple[tuple[str, int], float]] = {}
         self._claims_seen: set[str] = set()
         self._started = time.time()
-        self._homes_ready = False
+        self.pools = WarmPools(
+            backend,
+            event=lambda pod, reason, message, kind: self._event(pod, reason, message, kind=kind),
+        )
 
     @property
     def cluster(self) -> api.Cluster:
@@ -49,38 +50,38 @@ class KubeWorld:
     def close(self) -> None:
         self._stop.set()
 
-    def _informers(self) -> tuple[Informer, Informer]:
-        if self._pods is None or self._leases is None:
+    def _informers(self) -> tuple[Informer, Informer, Informer]:
+        if self._pods is None or self._leases is None or self._pending is None:
             c = self.cluster
             self._pods = Informer("pods", c.rest, c.pods(), selector=pods.MANAGED)
             self._leases = Informer("leases", c.rest, c.leases(), selector=pods.MANAGED)
             for informer in (self._pods, self._leases):
                 informer.start(self._stop)
+            self._pending = self.pools.start(self._stop, timeout=SYNC_TIMEOUT)
             for informer in (self._pods, self._leases):
                 informer.wait(SYNC_TIMEOUT)
-        return self._pods, self._leases
+        return self._pods, self._leases, self._pending
 
     # --- looking ----------------------------------------------------------------------
 
     def snapshot(self) -> Snapshot:
-        pod_cache, lease_cache = self._informers()
-        for cache in (pod_cache, lease_cache):
+        pod_cache, lease_cache, pending_cache = self._informers()
+        for cache in (pod_cache, lease_cache, pending_cache):
             if cache.problem is not None:
                 # No decision on a view that may be stale: this pass fails, the next retries.
                 raise DevboxError(f"the {cache.what} watch is interrupted: {cache.problem}")
         leases = {lease["metadata"]["name"]: lease for lease in lease_cache.items()}
         facts: list[policy.BoxFacts] = []
-        warm: dict[tuple[str, int], int] = {}
+        warm_pods: list[dict[str, Any]] = []
         latencies: list[float] = []
         cached: dict[str, Any] = {}
+        seen: list[str] = []
         for pod in pod_cache.items():
             labels = pod["metadata"].get("labels") or {}
             name = pods.name(pod)
+            seen.append(name)
             if labels.get(p.LABEL_STATE) == "warm":
-                if not pod["metadata"].get("deletionTimestamp"):
-                    key = (labels.get(p.LABEL_PROFILE, ""), _int(labels.get("devbox.io/gpus")))
-                    warm[key] = warm.get(key, 0) + 1
-                self._creating.pop(name, None)
+                warm_pods.append(pod)
                 continue
             if labels.get(p.LABEL_STATE) != "claimed":
                 continue
@@ -89,14 +90,16 @@ class KubeWorld:
             latency = self._claim_latency(pod)
             if latency is not None:
                 latencies.append(latency)
-        now = time.time()
-        for name, (key, since) in list(self._creating.items()):
-            if now - since > CREATING_FOR:
-                del self._creating[name]
-            else:
-                warm[key] = warm.get(key, 0) + 1
         self._cached = cached
-        return Snapshot(facts, warm, latencies)
+        warm, warm_facts, profiles = self.pools.look(warm_pods, seen=seen)
+        return Snapshot(
+            facts,
+            warm,
+            latencies,
+            warm_pods=warm_facts,
+            pending=self.pools.pending(),
+            profiles=profiles,
+        )
 
     def _facts(self, pod: dict[str, Any], lease: dict[str, Any] | None) -> policy.BoxFacts:
         activity, beat = None, 0.0
@@ -122,8 +125,10 @@ class KubeWorld:
 
     def apply(self, action: policy.Action) -> bool:
         if isinstance(action, policy.CreateWarm):
-            self._create_warm(action)
+            self.pools.create(action)
             return True
+        if isinstance(action, policy.Yield | policy.DropStale):
+            return self.pools.remove(action)
         pod = self._cached.get(action.key)
         if pod is None:
             return False
@@ -176,10 +181,8 @@ class KubeWorld:
 
     def _release(self, pod: dict[str, Any], action: policy.Release) -> bool:
         c = self.cluster
-        meta = pod["metadata"]
-        body = {"preconditions": {"uid": meta["uid"], "resourceVersion": meta["resourceVersion"]}}
         try:
-            c.rest.delete(c.pods(pods.name(pod)), body=body)
+            c.rest.delete(c.pods(pods.name(pod)), body=pods.unchanged(pod))
         except ApiError as exc:
             if exc.status in (404, 409):  # gone already, or changed: never twice, never blind
                 return False
@@ -216,18 +219,6 @@ class KubeWorld:
             c.rest.post(c.events(), body)
         except DevboxError as exc:  # the decision stands; only its record is missing
             log.warning("could not record event %s on %s: %s", reason, pods.name(pod), exc)
-
-    def _create_warm(self, action: policy.CreateWarm) -> None:
-        c = self.cluster
-        with api.errors(c):
-            if not self._homes_ready:
-                self.backend._ensure_homes()
-                self._homes_ready = True
-            spec = BoxSpec(gpus=action.gpus, profile=action.profile)
-            for _ in range(action.count):
-                made = c.rest.post(c.pods(), pods.box_pod(self.backend.config, spec=spec))
-                key = (pods.label_value(action.profile), action.gpus)
-                self._creating[pods.name(made)] = (key, time.time())
 
     # --- settings, memory, explain ------------------------------------------------------
 
@@ -316,13 +307,6 @@ def _timestamp(text: str | None) -> float:
         return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
     except ValueError:
         return 0.0
-
-
-def _int(text: str | None) -> int:
-    try:
-        return int(text or 0)
-    except ValueError:
-        return 0
 
 
 def _float(text: str | None) -> float:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 from devbox.backends.kubernetes.rest import ApiError, Rest
@@ -15,13 +16,15 @@ log = logging.getLogger("devbox.autoscaler.informer")
 
 
 class Informer:
-    """Objects of the collection at `path` matching `selector`, kept current by a watch.
+    """Objects of the collection at `path` matching `selector` (labels) and `fields`,
+    kept current by a watch. The watch resumes after whatever ends it
+    (watching.list_then_watch)."""
 
-    The watch resumes after whatever ends it (watching.list_then_watch)."""
-
-    def __init__(self, what: str, rest: Rest, path: str, *, selector: str) -> None:
+    def __init__(
+        self, what: str, rest: Rest, path: str, *, selector: str = "", fields: str = ""
+    ) -> None:
         self.what = what
-        self._rest, self._path, self._selector = rest, path, selector
+        self._rest, self._path, self._selector, self._fields = rest, path, selector, fields
         self._items: dict[str, Any] = {}
         self._lock = threading.Lock()
         self.synced = threading.Event()
@@ -42,6 +45,13 @@ class Informer:
         if not self.synced.wait(timeout):
             raise DevboxError(f"could not list {self.what}: {self.problem or 'no answer'}")
 
+    def settle(self, timeout: float) -> None:
+        """Until the first list, or a problem with it (a cache that may be forbidden)."""
+        deadline = time.monotonic() + timeout
+        while not self.synced.wait(0.05) and self.problem is None:
+            if time.monotonic() > deadline:
+                return
+
     def _run(self, stop: threading.Event) -> None:
         def problem(text: str) -> None:
             self.problem = text
@@ -53,16 +63,17 @@ class Informer:
                     lambda: (self._rest, self._path),
                     self._selector,
                     stop,
+                    fields=self._fields,
                     timeout_seconds=60,
                     on_problem=problem,
                 ):
                     with self._lock:
                         if kind == LISTED:
-                            self._items = {x["metadata"]["name"]: x for x in payload}
+                            self._items = {_key(x): x for x in payload}
                         elif kind == "DELETED":
-                            self._items.pop(payload["metadata"]["name"], None)
+                            self._items.pop(_key(payload), None)
                         else:
-                            self._items[payload["metadata"]["name"]] = payload
+                            self._items[_key(payload)] = payload
                     if kind == LISTED:
                         self.problem = None
                         self.synced.set()
@@ -73,3 +84,9 @@ class Informer:
                 self.problem = "unexpected error (see the log)"
                 log.exception("watching %s failed; relisting", self.what)
                 stop.wait(1.0)
+
+
+def _key(obj: dict[str, Any]) -> str:
+    """Namespace and name: a collection of every namespace holds names twice."""
+    meta = obj["metadata"]
+    return f"{meta.get('namespace', '')}/{meta['name']}"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 import secrets
 import time
@@ -9,12 +11,17 @@ from datetime import datetime
 from typing import Any
 
 from devbox import protocol as p
-from devbox.boxes import Box, BoxSpec, BoxState
+from devbox.boxes import Box, BoxSpec, BoxState, Toleration
 from devbox.config import Config
 
 HOMES_CLAIM = "devbox-homes"
 GPU = "nvidia.com/gpu"
 MANAGED = f"{p.LABEL_MANAGED}=devbox"
+LABEL_GPUS = "devbox.io/gpus"
+# A short hash of everything that makes one box pod unlike another (shape()): a claim
+# takes only a warm pod of the shape it asked for, so a profile changed by the
+# administrator is never served by a pod made before the change.
+LABEL_SHAPE = "devbox.io/shape"
 
 
 def label_value(text: str) -> str:
@@ -41,6 +48,24 @@ def homes_claim(config: Config) -> dict[str, Any]:
     }
 
 
+def shape(config: Config, spec: BoxSpec) -> str:
+    """What a warm pod must match to serve a claim of `spec`: GPUs, CPU, memory, image,
+    node selector, tolerations and priority class, hashed into a label value."""
+    text = json.dumps(
+        {
+            "gpus": spec.gpus,
+            "cpu": spec.cpu,
+            "memory": spec.memory,
+            "image": spec.image or config.image,
+            "node_selector": sorted(spec.node_selector),
+            "tolerations": [_toleration(t) for t in spec.tolerations],
+            "priority_class": config.priority_class,
+        },
+        sort_keys=True,
+    )
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
 def box_pod(
     config: Config, *, spec: BoxSpec, box: str = "", owner: str = "", owner_key: str = ""
 ) -> dict[str, Any]:
@@ -52,9 +77,14 @@ def box_pod(
         p.LABEL_STATE: "warm" if warm else "claimed",
         p.LABEL_BOX: box,
         p.LABEL_OWNER: label_value(owner) if owner else "",
-        "devbox.io/gpus": str(spec.gpus),
+        LABEL_GPUS: str(spec.gpus),
+        LABEL_SHAPE: shape(config, spec),
     }
-    resources: dict[str, Any] = {"requests": {"cpu": "1", "memory": "2Gi"}}
+    # Requests only, no CPU or memory limits: a dev box is interactive and bursty (a
+    # compile, a data loader, a notebook), and a CPU limit throttles it in the middle of
+    # the work while a memory limit kills the user's shell; requests alone still place
+    # it and count against the namespace's quota.
+    resources: dict[str, Any] = {"requests": {"cpu": spec.cpu, "memory": spec.memory}}
     if spec.gpus:
         resources["limits"] = {GPU: str(spec.gpus)}
     container = {
@@ -114,10 +144,53 @@ def box_pod(
             {"name": "run", "emptyDir": {}},
         ],
     }
-    if warm and config.warm_priority_class:
-        # Lower priority: real work preempts a warm pod rather than waiting for its GPUs.
-        pod_spec["priorityClassName"] = config.warm_priority_class
+    if spec.node_selector:
+        pod_spec["nodeSelector"] = dict(spec.node_selector)
+    if spec.tolerations:
+        pod_spec["tolerations"] = [_toleration(t) for t in spec.tolerations]
+    if config.priority_class:
+        # Warm or claimed alike: priority is fixed when a pod is made and a claim keeps the
+        # pod, so a lower-priority warm pod would leave its user preemptible for good. The
+        # autoscaler yields unclaimed warm pods to pending GPU work instead.
+        pod_spec["priorityClassName"] = config.priority_class
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+
+
+def _toleration(t: Toleration) -> dict[str, Any]:
+    out: dict[str, Any] = {"operator": t.operator}
+    if t.key:
+        out["key"] = t.key
+    if t.value:
+        out["value"] = t.value
+    if t.effect:
+        out["effect"] = t.effect
+    if t.toleration_seconds is not None:
+        out["tolerationSeconds"] = t.toleration_seconds
+    return out
+
+
+def _toleration_of(raw: dict[str, Any]) -> Toleration:
+    seconds = raw.get("tolerationSeconds")
+    return Toleration(
+        key=str(raw.get("key") or ""),
+        operator=str(raw.get("operator") or "Equal"),
+        value=str(raw.get("value") or ""),
+        effect=str(raw.get("effect") or ""),
+        toleration_seconds=None if seconds is None else int(seconds),
+    )
+
+
+def gpus_requested(pod: dict[str, Any]) -> int:
+    """The GPUs a pod's containers ask for (an extended resource's limit is its request)."""
+    total = 0
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        res = c.get("resources") or {}
+        asked = (res.get("limits") or {}).get(GPU) or (res.get("requests") or {}).get(GPU) or 0
+        try:
+            total += int(asked)
+        except ValueError:
+            continue
+    return total
 
 
 def claim_patch(*, resource_version: str, box: str, owner: str, owner_key: str) -> dict[str, Any]:
@@ -151,6 +224,13 @@ def _state(pod: dict[str, Any]) -> tuple[BoxState, str]:
     return BoxState.PENDING, ""
 
 
+def unchanged(pod: dict[str, Any]) -> dict[str, Any]:
+    """A DELETE body that the API server refuses (409) if the pod changed since it was
+    read (a claim, a `devbox keep`): a decision made on one pod never hits another."""
+    meta = pod["metadata"]
+    return {"preconditions": {"uid": meta["uid"], "resourceVersion": meta["resourceVersion"]}}
+
+
 def name(pod: dict[str, Any]) -> str:
     return str(pod["metadata"]["name"])
 
@@ -174,8 +254,10 @@ def to_box(pod: dict[str, Any], *, last_input: float = 0.0) -> Box:
     ann = meta.get("annotations") or {}
     state, why = _state(pod)
     containers = spec.get("containers") or [{}]
-    limits = (containers[0].get("resources") or {}).get("limits") or {}
+    resources = containers[0].get("resources") or {}
+    limits, requests = resources.get("limits") or {}, resources.get("requests") or {}
     created = meta.get("creationTimestamp")
+    selector = spec.get("nodeSelector") or {}
     return Box(
         name=labels.get(p.LABEL_BOX) or meta["name"],
         owner=labels.get(p.LABEL_OWNER, ""),
@@ -184,6 +266,10 @@ def to_box(pod: dict[str, Any], *, last_input: float = 0.0) -> Box:
             gpus=int(limits.get(GPU, 0)),
             profile=labels.get(p.LABEL_PROFILE, ""),
             image=containers[0].get("image", ""),
+            cpu=str(requests.get("cpu", "")),
+            memory=str(requests.get("memory", "")),
+            node_selector=tuple(sorted((str(k), str(v)) for k, v in selector.items())),
+            tolerations=tuple(_toleration_of(t) for t in spec.get("tolerations") or []),
         ),
         state=state,
         host=meta["name"],

@@ -18,12 +18,15 @@ def list_then_watch(
     selector: str,
     stop: threading.Event,
     *,
+    fields: str = "",
     timeout_seconds: int = 30,
     on_problem: Callable[[str], None] = lambda _: None,
 ) -> Iterator[tuple[str, Any]]:
     """(LISTED, every object) after each list, then the watch's (kind, object), until stop.
 
-    `source` gives the client and the collection's path. Every way a watch can end (its
+    `source` gives the client and the collection's path; `selector` and `fields` are its
+    label and field selectors (an object that stops matching arrives as DELETED). Every
+    way a watch can end (its
     timeout, 410 Gone for an expired resourceVersion, the API server restarting) leads
     to the same recovery: list again and watch from the new list's version. Only 401
     and 403, which waiting does not mend, are raised.
@@ -32,7 +35,7 @@ def list_then_watch(
     while not stop.is_set():
         rest, path = source()
         try:
-            listing = rest.get(path, labelSelector=selector)
+            listing = rest.get(path, labelSelector=selector, fieldSelector=fields)
             yield LISTED, listing["items"]
             backoff = 0.2
             stream = rest.stream(
@@ -40,6 +43,7 @@ def list_then_watch(
                 timeout=timeout_seconds + 10,
                 watch="true",
                 labelSelector=selector,
+                fieldSelector=fields,
                 resourceVersion=listing["metadata"].get("resourceVersion"),
                 timeoutSeconds=timeout_seconds,
                 allowWatchBookmarks="true",

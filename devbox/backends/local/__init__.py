@@ -13,12 +13,13 @@ import socket
 import time
 from pathlib import Path
 
-from devbox import names, paths, protocol
+from devbox import names, paths, profiles, protocol
 from devbox.backends.local.launcher import start_agent
 from devbox.backends.local.store import BoxStore
 from devbox.boxes import Box, BoxSpec, BoxState, Multiplexer
 from devbox.config import Config
 from devbox.errors import StateError, UsageError
+from devbox.profiles import Profile
 from devbox.ssh import known_hosts
 from devbox.ssh.keys import ensure_user_key
 
@@ -32,6 +33,17 @@ class LocalBackend:
         self.config = config
         self.store = BoxStore(root or paths.state_dir() / "local")
         self._problems: list[str] = []
+
+    # --- profiles -------------------------------------------------------------------
+
+    def profiles(self) -> builtins.list[Profile]:
+        return builtins.list(profiles.resolve(self.config.profiles).values())
+
+    def resolve(self, profile: str, *, gpus: int | None = None) -> BoxSpec:
+        """Only a profile's GPU count applies on this machine: its agent is a process
+        here, with no requests, node or image to choose."""
+        chosen = profiles.choose(profiles.resolve(self.config.profiles), profile)
+        return BoxSpec(gpus=chosen.gpus if gpus is None else gpus, profile=chosen.name)
 
     # --- claim ----------------------------------------------------------------------
 
