@@ -13,9 +13,17 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from devbox import names, profiles
+from devbox import names, paths, profiles
 from devbox import protocol as p
-from devbox.backends.kubernetes import api, capacity, clusterprofiles, pods, portforward, watching
+from devbox.backends.kubernetes import (
+    api,
+    capacity,
+    clusterprofiles,
+    pods,
+    portforward,
+    waiting,
+    watching,
+)
 from devbox.backends.kubernetes.rest import ApiError
 from devbox.boxes import Box, BoxSpec, BoxState
 from devbox.config import Config
@@ -231,7 +239,7 @@ class KubernetesBackend:
         a warm pod is ready in it."""
         c = self.cluster
         seen_events: set[str] = set()
-        said_unschedulable = False
+        said = ""
         while True:
             pod, first = first or c.rest.get(c.pods(pod_name)), None
             ann = pods.annotations_of(pod)
@@ -240,32 +248,63 @@ class KubernetesBackend:
                 return box
             if box.state is BoxState.FAILED:
                 raise DevboxError(f"box pod {pod_name} failed: {box.reason}")
-            self._report_events(pod_name, seen_events)
-            if box.state is BoxState.PENDING and box.reason and not said_unschedulable:
-                free = capacity.gpus_by_node(c.rest)
-                most = max((n.allocatable for n in free), default=0) if free is not None else None
-                if most is not None and spec.gpus > most:
-                    raise ResourceError(
-                        f"no node can ever hold {spec.gpus} GPU(s): the largest has {most}; "
-                        f"{capacity.describe(free)}"
+            events = self._report_events(pod_name, seen_events)
+            why = self._waiting_for(pod, events)
+            if why and why != said:
+                said = why
+                if why.startswith("waiting for free GPUs"):
+                    free = capacity.gpus_by_node(c.rest)
+                    most = (
+                        max((n.allocatable for n in free), default=0) if free is not None else None
                     )
-                self.progress(f"waiting for GPUs: {box.reason}; {capacity.describe(free)}")
-                said_unschedulable = True
+                    if most is not None and spec.gpus > most:
+                        raise ResourceError(
+                            f"no node can ever hold {spec.gpus} GPU(s): the largest has "
+                            f"{most}; {capacity.describe(free)}"
+                        )
+                    why = f"{why}; {capacity.describe(free)}"
+                self.progress(why)
             if time.monotonic() > deadline:
-                why = f" ({box.reason})" if box.reason else ""
                 raise ResourceError(
-                    f"box pod {pod_name} was not ready within {self.config.start_timeout:g}s{why}"
+                    f"box pod {pod_name} was not ready within {self.config.start_timeout:g}s"
+                    + (f": {said}" if said else "")
                 )
             time.sleep(POLL)
 
-    def _report_events(self, pod_name: str, seen: set[str]) -> None:
+    def _waiting_for(self, pod: dict[str, Any], events: builtins.list[dict[str, Any]]) -> str:
+        """What the pod waits for, in words (waiting.py); the homes claim is read only
+        when the scheduler says the pod waits for it."""
+        claim: dict[str, Any] | None = None
+        claim_events: builtins.list[dict[str, Any]] = []
+        conditions = (pod.get("status") or {}).get("conditions") or []
+        if any("PersistentVolumeClaim" in (cond.get("message") or "") for cond in conditions):
+            c = self.cluster
+            try:
+                claim = c.rest.get(c.claims(pods.HOMES_CLAIM))
+                claim_events = c.rest.get(
+                    c.events(), fieldSelector=f"involvedObject.name={pods.HOMES_CLAIM}"
+                )["items"]
+            except ApiError:
+                pass  # not readable: say it waits for the volume, without the cause
+        return waiting.describe(
+            pod,
+            claim=claim,
+            claim_events=claim_events,
+            pod_events=events,
+            config_hint=str(paths.config_file()),
+        )
+
+    def _report_events(self, pod_name: str, seen: set[str]) -> builtins.list[dict[str, Any]]:
+        """Prints the pod's new start-up events; returns all of them, oldest first. The
+        scheduler's refusals are left to _waiting_for, which says them in words."""
         c = self.cluster
         try:
             events = c.rest.get(c.events(), fieldSelector=f"involvedObject.name={pod_name}")
         except ApiError:
-            return
+            return []
         # RFC 3339 timestamps of one format sort as text.
-        for event in sorted(events["items"], key=lambda e: e["metadata"]["creationTimestamp"]):
+        ordered = sorted(events["items"], key=lambda e: e["metadata"]["creationTimestamp"])
+        for event in ordered:
             if event["metadata"]["uid"] in seen:
                 continue
             seen.add(event["metadata"]["uid"])
@@ -275,11 +314,11 @@ class KubernetesBackend:
                 "Pulled",
                 "Created",
                 "Started",
-                "FailedScheduling",
                 "Failed",
                 "BackOff",
             ):
                 self.progress(f"  {event['reason']}: {event.get('message', '')}")
+        return ordered
 
     # --- release --------------------------------------------------------------------
 
