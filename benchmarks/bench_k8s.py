@@ -16,23 +16,17 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import json
 import os
-import pty
-import select
 import shutil
-import socket
-import struct
 import subprocess
 import sys
 import tempfile
-import termios
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 from harness import REPO, devbox_command, emit, free_port, sandbox, ssh_base, summary, wall
+from k8s_common import claim_to_shell, downloads, kubectl_forward
 
 
 @contextlib.contextmanager
@@ -57,62 +51,6 @@ def private_cluster() -> Iterator[tuple[Path, Path]]:
             stderr=subprocess.DEVNULL,
         )
         shutil.rmtree(folder.parent, ignore_errors=True)
-
-
-def _downloads(paths: list[list[str]], env: dict[str, str], mib: int, repeat: int) -> list[float]:
-    """MiB/s of the best of `repeat` downloads per path, the paths taking turns so that
-    the machine's drift (other work on it) falls on both alike."""
-    best = [0.0] * len(paths)
-    for _ in range(repeat):
-        for i, base in enumerate(paths):
-            best[i] = max(best[i], _rate([*base, f"head -c {mib << 20} /dev/zero"], env))
-    return best
-
-
-def _rate(argv: list[str], env: dict[str, str]) -> float:
-    """MiB/s from the first byte to the last: the transfer, not the connection's set-up,
-    which differs between the paths for reasons other than throughput (each `ssh
-    NAME.devbox` starts its ProxyCommand; kubectl port-forward was started once, before)."""
-    proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
-    assert proc.stdout is not None
-    first = proc.stdout.read1(1 << 20)
-    start, got = time.perf_counter(), 0
-    while chunk := proc.stdout.read1(1 << 20):
-        got += len(chunk)
-    elapsed = time.perf_counter() - start
-    assert proc.wait() == 0 and first, f"download failed: {argv}"
-    return got / elapsed / (1 << 20)
-
-
-def attached(argv: list[str], env: dict[str, str], timeout: float = 60) -> float:
-    """Seconds from `devbox up NAME` on a terminal (it attaches in the same process, as a
-    user runs it) to a command typed at once having run in the box's shell."""
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
-    start = time.perf_counter()
-    proc = subprocess.Popen(argv, env=env, stdin=slave, stdout=slave, stderr=slave)
-    os.close(slave)
-    # Typed ahead, as a user does: the client keeps what waits in the terminal.
-    os.write(master, b"echo READY-$((6*7))\r")
-    seen = b""
-    try:
-        while b"READY-42" not in seen:
-            ready, _, _ = select.select([master], [], [], timeout)
-            if not ready:
-                raise SystemExit(f"no shell after {timeout} s: {seen[-500:]!r}")
-            seen += os.read(master, 65536)
-        elapsed = time.perf_counter() - start
-        os.write(master, b"\x01d")  # detach screen: the box stays, the client ends
-        proc.wait(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        with contextlib.suppress(OSError):
-            while select.select([master], [], [], 0)[0] and os.read(master, 65536):
-                pass
-        os.close(master)
-    return elapsed
 
 
 def main() -> None:
@@ -161,33 +99,19 @@ def main() -> None:
         # The same, as a user does it: one `devbox up` on a terminal, attaching itself.
         cold_tty, warm_tty = [], []
         for i in range(args.runs):
-            cold_tty.append(attached([*devbox, "up", f"tcold{i}"], sb.env))
+            cold_tty.append(claim_to_shell([*devbox, "up", f"tcold{i}"], sb.env))
             sb.devbox("pool", "warm", "--size", "1")
-            warm_tty.append(attached([*devbox, "up", f"twarm{i}"], sb.env))
+            warm_tty.append(claim_to_shell([*devbox, "up", f"twarm{i}"], sb.env))
 
         # Throughput: both paths end at the same agent and use the same OpenSSH client.
         box = json.loads(sb.devbox("up", "tput", "--no-attach", "--json").stdout)
         sb.devbox("ssh-config", "--write")
         ours = ["ssh", "-F", str(Path(sb.env["HOME"]) / ".config/devbox/ssh_config"), "tput.devbox"]
         port = free_port()
-        forward = subprocess.Popen(
-            [*k, "port-forward", "-n", ns, f"pod/{box['extra']['pod']}", f"{port}:2222"],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        try:
-            deadline = time.monotonic() + 30
-            while True:
-                with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port)):
-                    break
-                assert time.monotonic() < deadline, "kubectl port-forward did not start"
-                time.sleep(0.1)
+        with kubectl_forward(k, ns, box["extra"]["pod"], port):
             known = Path(sb.env["HOME"]) / ".local/state/devbox/known_hosts"
             theirs = ssh_base(sb.key, known, port, alias="tput.devbox")
-            devbox_mbps, kubectl_mbps = _downloads([ours, theirs], sb.env, args.mib, 5)
-        finally:
-            forward.terminate()
-            forward.wait()
+            devbox_mbps, kubectl_mbps = downloads([ours, theirs], sb.env, args.mib, 5)
     warm_over_cold = summary(warm_tty)["median"] / summary(cold_tty)["median"]
     emit(
         {

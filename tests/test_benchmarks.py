@@ -136,3 +136,13 @@ def test_probe_benchmark() -> None:
     assert set(result["probe_over_wandb"]) == {"every_5", "every_1"}
     assert result["compile"]["graphs_at_warmup"] >= 1
     assert result["compile"]["graphs_compiled_after_warmup"] >= 0
+
+
+def test_real_node_benchmark() -> None:
+    # On the shared cluster's real node (scripts/test starts it; root, as CI runs).
+    result = _run("bench_real_node.py", "--runs", "1", "--mib", "2")
+    assert result["benchmark"] == "kubernetes_real_node"
+    claim = result["claim_to_shell"]
+    assert claim["cold_s"]["n"] == claim["warm_s"]["n"] == 1
+    assert claim["warm_over_cold"] > 0 and result["throughput_ratio"] > 0
+    assert set(result["throughput_MiBps"]) == {"devbox_port_forward", "kubectl_port_forward"}

@@ -1,0 +1,401 @@
+"""Boxes on the test cluster's real node (tests/cluster/node.py): a real kubelet, containerd
+and runc run the box image, mount the home volume, apply the pod's securityContext in a
+PID namespace of its own, plug in simulated GPUs through a device plugin, and carry
+`devbox ssh` over the kubelet's port-forward. The agent holds only the service account of
+images/k8s/agent-rbac.yaml. What kwok's simulated nodes cannot show is shown here."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests import nvml_sim
+from tests.conftest import REPO, make_user
+from tests.k8s.conftest import CLUSTER_DIR, Cluster, KubeUser, configure, new_namespace
+from tests.waiting import wait_until
+
+NODE = "devbox-real-node"
+# A profile for the real node: small (it has 2 CPUs), placed there, tolerating its taint.
+PROFILES = """
+[profiles.real]
+cpu = "100m"
+memory = "256Mi"
+node_selector = { "devbox-test/node" = "real" }
+tolerations = [{ key = "devbox-test/real-node", operator = "Exists", effect = "NoSchedule" }]
+
+[profiles.real-gpus]
+gpus = 2
+cpu = "100m"
+memory = "256Mi"
+node_selector = { "devbox-test/node" = "real" }
+tolerations = [{ key = "devbox-test/real-node", operator = "Exists", effect = "NoSchedule" }]
+
+[profiles.real-all]
+gpus = 8
+cpu = "100m"
+memory = "256Mi"
+node_selector = { "devbox-test/node" = "real" }
+tolerations = [{ key = "devbox-test/real-node", operator = "Exists", effect = "NoSchedule" }]
+"""
+
+
+@pytest.fixture(scope="session")
+def real_node(cluster: Cluster) -> Path:
+    """The shared cluster with its real node (`scripts/test-cluster up --real-node`; a
+    no-op when it is up already, as scripts/test starts it). Returns the node's folder."""
+    up = subprocess.run(
+        [str(REPO / "scripts/test-cluster"), "up", "--real-node"],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
+    )
+    assert up.returncode == 0, f"the real test node did not come up:\n{up.stderr[-3000:]}"
+    return CLUSTER_DIR / "node"
+
+
+def _real_user(cluster: Cluster, folder: Path, nvml_lib_dir: Path, *, ns: str = "") -> KubeUser:
+    ns = ns or new_namespace(cluster)
+    user = make_user(folder, nvml_lib_dir)
+    configure(user, ns, cluster.kubeconfig)
+    config = user.home / ".config/devbox/config.toml"
+    config.write_text(config.read_text().replace("start_timeout = 120", "start_timeout = 300"))
+    with config.open("a") as f:
+        f.write(PROFILES)
+    return KubeUser(user, ns, cluster)
+
+
+@pytest.fixture
+def rk(real_node: Path, cluster: Cluster, tmp_path: Path, nvml_lib_dir: Path) -> Iterator[KubeUser]:
+    made = _real_user(cluster, tmp_path / "r", nvml_lib_dir)
+    yield made
+    cluster.kubectl_run("delete", "namespace", made.namespace, "--wait=false")
+    made.user.stop_all()
+
+
+def _pod(kube: KubeUser, pod: str) -> dict[str, Any] | None:
+    got = kube.cluster.kubectl_run("get", "pod", pod, "-n", kube.namespace, "-o", "json")
+    return json.loads(got.stdout) if got.returncode == 0 else None
+
+
+def _up(kube: KubeUser, name: str, *extra: str) -> dict[str, Any]:
+    done = kube.devbox("up", name, "--no-attach", "--json", *extra, timeout=360)
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    box: dict[str, Any] = json.loads(done.stdout)
+    pod = _pod(kube, box["extra"]["pod"])
+    assert pod is not None and pod["spec"]["nodeName"] == NODE, "not on the real node"
+    return box
+
+
+def _in_box(kube: KubeUser, name: str, script: str) -> str:
+    done = kube.devbox("ssh", name, "--", script, timeout=120)
+    assert done.returncode == 0, (script, done.stderr.decode()[-2000:])
+    return done.stdout.decode()
+
+
+def _container_pids(pod_uid: str) -> set[int]:
+    """Host PIDs of every process of the pod: its cgroups, under the node's cgroup root."""
+    pids: set[int] = set()
+    for procs in Path("/sys/fs/cgroup/pids/devbox-test-node").rglob("cgroup.procs"):
+        if f"pod{pod_uid}" in str(procs):
+            pids.update(int(p) for p in procs.read_text().split())
+    return pids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
+def test_cold_and_warm_boxes_reached_by_ssh_scp_and_rsync(rk: KubeUser, tmp_path: Path) -> None:
+    cold = _up(rk, "rc", "--profile", "real")
+    assert cold["state"] == "running"
+    assert _in_box(rk, "rc", "echo $DEVBOX_BOX; hostname").split()[0] == "rc"
+    rk.devbox("ssh-config", "--write", check=True)
+    plain = rk.user.ssh("rc.devbox", "cat /proc/1/cmdline | tr '\\0' ' '")
+    assert plain.returncode == 0, plain.stderr
+    # scp and rsync through the same kubelet port-forward.
+    sent = tmp_path / "sent.bin"
+    sent.write_bytes(os.urandom(300_000))
+    cfg = ["-F", str(rk.user.ssh_config)]
+    scp = subprocess.run(
+        ["scp", *cfg, str(sent), "rc.devbox:sent.bin"], env=rk.user.env, capture_output=True
+    )
+    assert scp.returncode == 0, scp.stderr
+    back = tmp_path / "back.bin"
+    scp = subprocess.run(
+        ["scp", *cfg, "rc.devbox:sent.bin", str(back)], env=rk.user.env, capture_output=True
+    )
+    assert scp.returncode == 0 and back.read_bytes() == sent.read_bytes(), scp.stderr
+    tree = tmp_path / "tree"
+    (tree / "sub").mkdir(parents=True)
+    (tree / "sub/a.txt").write_text("alpha\n")
+    rsync = subprocess.run(
+        ["rsync", "-a", "-e", f"ssh -F {rk.user.ssh_config}", f"{tree}/", "rc.devbox:tree/"],
+        env=rk.user.env,
+        capture_output=True,
+    )
+    assert rsync.returncode == 0, rsync.stderr
+    assert _in_box(rk, "rc", "cat tree/sub/a.txt") == "alpha\n"
+
+    # A warm pod of the same profile, then a claim of it: the agent in a running
+    # container adopts its new owner.
+    rk.devbox("pool", "warm", "--profile", "real", "--size", "1", timeout=360, check=True)
+    warm = rk.devbox("up", "rw", "--profile", "real", "--no-attach", "--json", timeout=120)
+    assert warm.returncode == 0, warm.stderr.decode()
+    assert b"claimed warm pod" in warm.stderr
+    box = json.loads(warm.stdout)
+    assert box["extra"]["pod"].startswith("devbox-warm-")
+    assert _in_box(rk, "rw", "echo $DEVBOX_BOX").strip() == "rw"
+    assert rk.user.ssh("rw.devbox", "true").returncode == 0
+
+
+def test_inside_the_container(rk: KubeUser) -> None:
+    box = _up(rk, "inside", "--profile", "real")
+    out = _in_box(
+        rk,
+        "inside",
+        "tr '\\0' ' ' </proc/1/cmdline; echo; id -u; "
+        "grep -E '^(CapEff|CapBnd|Seccomp|NoNewPrivs):' /proc/self/status; "
+        'awk \'$5 == "/homes" {print "homes-mount", $9}\' /proc/self/mountinfo; pwd',
+    )
+    lines = out.splitlines()
+    assert "devbox agent" in lines[0], lines[0]  # PID 1 is the agent
+    assert int(lines[1]) == 1000  # not root
+    fields = dict(line.split(":\t") for line in lines[2:6])
+    assert int(fields["CapEff"], 16) == 0 and int(fields["CapBnd"], 16) == 0
+    assert fields["Seccomp"] == "2" and fields["NoNewPrivs"] == "1"
+    assert lines[6].startswith("homes-mount "), out  # the home is a real volume mount
+    home = lines[7]
+    assert home == f"/homes/{box['owner']}"
+    _in_box(rk, "inside", "echo kept-across-boxes > notes.txt")
+    rk.devbox("down", "inside", check=True, timeout=120)
+    _up(rk, "inside", "--profile", "real")
+    assert _in_box(rk, "inside", "cat notes.txt") == "kept-across-boxes\n"
+
+
+def test_the_agent_holds_only_its_service_account(rk: KubeUser) -> None:
+    box = _up(rk, "creds", "--profile", "real")
+    pod = _pod(rk, box["extra"]["pod"])
+    assert pod is not None and pod["spec"]["serviceAccountName"] == "devbox-agent"
+    args = pod["spec"]["containers"][0]["command"]
+    assert "--kubeconfig" not in args  # in-cluster credentials, nothing else
+    # What that token may do, asked of the real API server from inside the box.
+    probe = (
+        "import json, ssl, urllib.request\n"
+        "d = '/var/run/secrets/kubernetes.io/serviceaccount/'\n"
+        "tok = open(d + 'token').read()\n"
+        "ctx = ssl.create_default_context(cafile=d + 'ca.crt')\n"
+        "def call(method, path, body=None):\n"
+        "    req = urllib.request.Request('https://kubernetes.default.svc' + path, "
+        "method=method, data=body, headers={'Authorization': 'Bearer ' + tok, "
+        "'Content-Type': 'application/json'})\n"
+        "    try:\n"
+        "        with urllib.request.urlopen(req, context=ctx) as r:\n"
+        "            return r.status, json.load(r)\n"
+        "    except urllib.error.HTTPError as e:\n"
+        "        return e.code, {}\n"
+        f"ns = {rk.namespace!r}\n"
+        "review = call('POST', '/apis/authentication.k8s.io/v1/selfsubjectreviews', "
+        'b\'{"apiVersion":"authentication.k8s.io/v1","kind":"SelfSubjectReview"}\')\n'
+        "print(review[1]['status']['userInfo']['username'])\n"
+        f"print(call('GET', f'/api/v1/namespaces/{{ns}}/pods/{box['extra']['pod']}')[0])\n"
+        "print(call('GET', f'/api/v1/namespaces/{ns}/secrets')[0])\n"
+        "print(call('GET', '/api/v1/nodes')[0])\n"
+    )
+    # kubernetes.default.svc: no cluster DNS here, so name the Service's address.
+    script = probe.replace("https://kubernetes.default.svc", "https://10.0.0.1")
+    got = _in_box(rk, "creds", f"/opt/devbox/venv/bin/python - <<'EOF'\n{script}EOF")
+    user, own_pod, secrets, nodes = got.split()
+    assert user == f"system:serviceaccount:{rk.namespace}:devbox-agent"
+    assert (own_pod, secrets, nodes) == ("200", "403", "403")
+
+
+def _gpu_uuids(kube: KubeUser, name: str) -> list[str]:
+    out = _in_box(
+        kube,
+        name,
+        "/opt/devbox/venv/bin/python -c 'import pynvml as n; n.nvmlInit(); "
+        "print(*[n.nvmlDeviceGetUUID(n.nvmlDeviceGetHandleByIndex(i)) "
+        "for i in range(n.nvmlDeviceGetCount())])'",
+    )
+    return out.split()
+
+
+def test_gpus_are_the_boxs_own_and_stats_maps_their_processes(
+    rk: KubeUser, real_node: Path
+) -> None:
+    _up(rk, "g1", "--profile", "real-gpus")
+    _up(rk, "g2", "--profile", "real-gpus")
+    one, two = _gpu_uuids(rk, "g1"), _gpu_uuids(rk, "g2")
+    assert len(one) == len(two) == 2 and not set(one) & set(two), (one, two)
+    assert all(u.startswith("GPU-real-") for u in one + two)
+    # A process of g1 holds its first GPU's device; the simulated driver reports it on
+    # that GPU under its host PID, as NVML does for a process in a container.
+    minors = sorted(int(u.rsplit("-", 1)[1]) for u in one)
+    marker = "devbox-gpu-holder"
+    box_pid = int(
+        _in_box(
+            rk,
+            "g1",
+            f'nohup python3 -c \'import sys, time; f = open("/dev/nvidia{minors[0]}"); '
+            f"time.sleep(600)' {marker} >/dev/null 2>&1 </dev/null & echo $!",
+        )
+    )
+
+    def host_pid() -> int:
+        for entry in Path("/proc").iterdir():
+            if not entry.name.isdigit():
+                continue
+            try:
+                if marker.encode() not in (entry / "cmdline").read_bytes():
+                    continue
+                nspid = (entry / "status").read_text().split("NSpid:")[1].split("\n")[0].split()
+            except (OSError, IndexError):
+                continue
+            if len(nspid) == 2 and int(nspid[1]) == box_pid:
+                return int(nspid[0])
+        return 0
+
+    pid = wait_until(host_pid, timeout=30, what="the GPU process's host PID")
+    assert pid != box_pid
+    gpu_file = real_node / "gpus" / f"alloc-{minors[0]}-{minors[1]}" / "gpus"
+    sims = [nvml_sim.SimGpu(uuid=u, minor=m) for u, m in zip(sorted(one), minors, strict=True)]
+    nvml_sim.write(gpu_file, sims, [nvml_sim.SimProcess(gpu=0, pid=pid, mem=1 << 30)])
+
+    def mapped() -> dict[str, Any] | None:
+        out = rk.devbox("stats", "g1", "--json", timeout=60)
+        if out.returncode != 0:
+            return None
+        sample = json.loads(out.stdout.splitlines()[0])
+        procs = sample["gpus"][0]["processes"]
+        return procs[0] if procs and procs[0]["box_pid"] is not None else None
+
+    held = wait_until(mapped, timeout=60, what="devbox stats to map the GPU process", every=0.5)
+    assert (held["pid"], held["box_pid"]) == (pid, box_pid)
+
+
+def test_down_ends_every_process_of_the_box(rk: KubeUser) -> None:
+    box = _up(rk, "ends", "--profile", "real")
+    _in_box(rk, "ends", "nohup setsid sleep 1000 >/dev/null 2>&1 </dev/null & true")
+    pod = _pod(rk, box["extra"]["pod"])
+    assert pod is not None
+    pids = wait_until(
+        lambda: _container_pids(pod["metadata"]["uid"]), timeout=30, what="the box's processes"
+    )
+    assert len(pids) >= 3  # at least the sandbox, the agent (init and agent) and the sleep
+    rk.devbox("down", "ends", check=True, timeout=120)
+    wait_until(lambda: not any(_alive(p) for p in pids), timeout=60, what="every process to end")
+
+
+def test_a_restricted_namespace_admits_boxes(
+    real_node: Path, cluster: Cluster, tmp_path: Path, nvml_lib_dir: Path
+) -> None:
+    ns = new_namespace(cluster)
+    labelled = cluster.kubectl_run(
+        "label", "namespace", ns, "pod-security.kubernetes.io/enforce=restricted"
+    )
+    assert labelled.returncode == 0, labelled.stderr
+    kube = _real_user(cluster, tmp_path / "restricted", nvml_lib_dir, ns=ns)
+    try:
+        _up(kube, "strict", "--profile", "real")
+        assert _in_box(kube, "strict", "echo admitted") == "admitted\n"
+        # The namespace does refuse what restricted forbids: this is not a no-op.
+        bad = cluster.kubectl_run(
+            "run", "root-pod", "-n", ns, "--image=devbox/box:test", "--restart=Never",
+            "--overrides", '{"spec":{"securityContext":{"runAsUser":0}}}',
+        )  # fmt: skip
+        assert bad.returncode != 0 and b"violates PodSecurity" in bad.stderr, bad.stderr
+    finally:
+        cluster.kubectl_run("delete", "namespace", ns, "--wait=false")
+        kube.user.stop_all()
+
+
+def test_a_claimed_warm_box_is_not_preempted_by_ordinary_gpu_work(rk: KubeUser) -> None:
+    """Warm pods once ran at a lower priority, and a claim cannot change a pod's priority:
+    a plain pod needing the GPUs preempted the user's live box. Now both are equal."""
+    rk.devbox("pool", "warm", "--profile", "real-all", "--size", "1", timeout=360, check=True)
+    up = rk.devbox("up", "held", "--profile", "real-all", "--no-attach", "--json", timeout=120)
+    assert up.returncode == 0 and b"claimed warm pod" in up.stderr, up.stderr
+    pod_name = json.loads(up.stdout)["extra"]["pod"]
+    before = _pod(rk, pod_name)
+    assert before is not None
+    plain = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "hungry", "namespace": rk.namespace},
+        "spec": {
+            "nodeSelector": {"devbox-test/node": "real"},
+            "tolerations": [{"key": "devbox-test/real-node", "operator": "Exists"}],
+            "containers": [
+                {
+                    "name": "c",
+                    "image": "devbox.local/pause:test",
+                    "resources": {"limits": {"nvidia.com/gpu": 8}},
+                }
+            ],
+        },
+    }
+    made = rk.cluster.kubectl_run("apply", "-f", "-", input=json.dumps(plain).encode())
+    assert made.returncode == 0, made.stderr
+
+    def refused() -> str:
+        events = rk.cluster.kubectl_run(
+            "get", "events", "-n", rk.namespace, "--field-selector",
+            "involvedObject.name=hungry,reason=FailedScheduling", "-o", "json",
+        )  # fmt: skip
+        items = json.loads(events.stdout or "{}").get("items", [])
+        return next((e["message"] for e in items if "preemption:" in e["message"]), "")
+
+    # The scheduler has tried, preemption included, and found no victim.
+    message = wait_until(refused, timeout=60, what="the GPU pod's scheduling attempt")
+    assert "Insufficient nvidia.com/gpu" in message, message
+    after = _pod(rk, pod_name)
+    assert after is not None and not after["metadata"].get("deletionTimestamp")
+    assert after["metadata"]["uid"] == before["metadata"]["uid"]
+    assert after["spec"].get("priority", 0) == 0
+    assert _in_box(rk, "held", "echo alive") == "alive\n"
+
+
+def test_an_autoscaler_release_ends_every_process_of_the_box(rk: KubeUser, tmp_path: Path) -> None:
+    box = _up(rk, "idle", "--profile", "real")
+    _in_box(rk, "idle", "nohup setsid sleep 1000 >/dev/null 2>&1 </dev/null & true")
+    pod = _pod(rk, box["extra"]["pod"])
+    assert pod is not None
+    pids = wait_until(
+        lambda: _container_pids(pod["metadata"]["uid"]), timeout=30, what="the box's processes"
+    )
+    settings = tmp_path / "autoscaler.toml"
+    settings.write_text("idle_timeout = 6\nwarning = 3\ngrace = 0\ninterval = 1\n")
+    log = tmp_path / "autoscaler.log"
+    with open(log, "wb") as out:
+        scaler = subprocess.Popen(
+            [sys.executable, "-m", "devbox", "autoscaler", "--config", str(settings)],
+            env=rk.user.env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=out,
+        )
+    try:
+        wait_until(
+            lambda: _pod(rk, box["extra"]["pod"]) is None or scaler.poll() is not None,
+            timeout=120,
+            what="the autoscaler to release the idle box",
+            every=0.5,
+        )
+        assert scaler.poll() is None, log.read_text()[-2000:]
+    finally:
+        scaler.terminate()
+        scaler.wait(timeout=30)
+    assert "released" in log.read_text(), log.read_text()[-2000:]
+    wait_until(lambda: not any(_alive(p) for p in pids), timeout=60, what="every process to end")
