@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from harness import REPO, devbox_command, emit, free_port, sandbox, ssh_base, summary, wall
-from k8s_common import claim_to_shell, downloads, kubectl_forward
+from k8s_common import claim_to_shell, cluster_bin, downloads, kubectl_forward
 
 
 @contextlib.contextmanager
@@ -36,11 +36,7 @@ def private_cluster() -> Iterator[tuple[Path, Path]]:
     subprocess.run(
         [str(REPO / "scripts/test-cluster"), "up"], env=env, check=True, stdout=subprocess.DEVNULL
     )
-    bin_dir = Path(
-        subprocess.run(
-            [str(REPO / "tests/cluster/build.sh")], capture_output=True, text=True, check=True
-        ).stdout.split()[-1]
-    )
+    bin_dir = cluster_bin()
     try:
         yield folder / "kubeconfig", bin_dir / "kubectl"
     finally:

@@ -1,6 +1,6 @@
 """Kubernetes boxes on the test cluster's real node (kubelet + containerd + runc), where a
 claim starts a real container and the SSH stream goes through the kubelet's port-forward
-(tests/cluster/node.py; needs root, as scripts/test runs).
+(tests/cluster/realnode/; needs root, as scripts/test runs).
 
 1. Claim to a shell prompt: `devbox up NAME --profile real` on a terminal, attaching in
    the same process, to a typed-ahead command having run in the box's shell; cold (a new
@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from harness import REPO, Sandbox, devbox_command, emit, free_port, sandbox, ssh_base, summary
-from k8s_common import claim_to_shell, downloads, kubectl_forward
+from k8s_common import claim_to_shell, cluster_bin, downloads, kubectl_forward
 
 PROFILE = """
 [profiles.real]
@@ -48,11 +48,7 @@ def real_node_cluster() -> Iterator[tuple[Path, Path]]:
     was_up = status.returncode == 0 and "real node: up" in status.stdout
     subprocess.run([script, "up", "--real-node"], env=env, check=True, stdout=subprocess.DEVNULL)
     folder = Path(os.environ.get("DEVBOX_TEST_CLUSTER_DIR", "/tmp/devbox-test-cluster"))
-    bin_dir = Path(
-        subprocess.run(
-            [str(REPO / "tests/cluster/build.sh")], capture_output=True, text=True, check=True
-        ).stdout.split()[-1]
-    )
+    bin_dir = cluster_bin()
     try:
         yield folder / "kubeconfig", bin_dir / "kubectl"
     finally:

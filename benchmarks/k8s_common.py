@@ -14,6 +14,17 @@ import subprocess
 import termios
 import time
 from collections.abc import Iterator
+from pathlib import Path
+
+from harness import REPO
+
+
+def cluster_bin() -> Path:
+    """The folder of the test cluster's binaries (built and cached by tests/cluster/build.sh)."""
+    out = subprocess.run(
+        [str(REPO / "tests/cluster/build.sh")], capture_output=True, text=True, check=True
+    )
+    return Path(out.stdout.split()[-1])
 
 
 def downloads(paths: list[list[str]], env: dict[str, str], mib: int, repeat: int) -> list[float]:

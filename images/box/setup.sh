@@ -1,6 +1,6 @@
 #!/bin/sh
 # The box image's build steps, in one place: images/box/Dockerfile runs them on the CUDA
-# (Ubuntu) base, tests/cluster/boximage.py on a Debian root for the test node, so the two
+# (Ubuntu) base, tests/cluster/boximage/ on a Debian root for the test node, so the two
 # cannot drift. Each step can run again: it skips what is already there where that is cheap.
 #
 #   setup.sh system   OS packages, the en_US.UTF-8 locale, the non-root user (uid 1000)

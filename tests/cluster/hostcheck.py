@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.cluster import node
+from tests.cluster.realnode.host import sysctls
 
 # Folders whose top level the kubelet, containerd, runc or CNI would write to by default.
 FOLDERS = ("/run", "/var/lib", "/var/log", "/opt", "/etc/cni", "/etc/containerd", "/dev")
@@ -73,7 +73,7 @@ def snapshot() -> dict[str, list[str]]:
         "links": _lines("ip", "-o", "link", "show"),
         "addresses": _lines("ip", "-o", "addr", "show"),
         "cgroups": _cgroups(),
-        "sysctls": sorted(f"{k}={v}" for k, v in node.sysctls().items()),
+        "sysctls": sorted(f"{k}={v}" for k, v in sysctls().items()),
         "folders": sorted(
             f"{folder}/{name}"
             for folder in FOLDERS

@@ -1,5 +1,5 @@
 """Plays kubelet-and-container-runtime for kwok's simulated nodes, for devbox pods only
-(pods on the real node, tests/cluster/node.py, have a real kubelet).
+(pods on the real node, tests/cluster/realnode/, have a real kubelet).
 
 kwok marks pods Running but runs nothing. For each Running devbox pod this starts a real
 local `devbox agent` with the pod's identity (it talks to the API server exactly as in a
@@ -41,7 +41,7 @@ STORAGE_CLASS = "devbox-sim"
 # thousand box pods, and a thousand real agents would not fit on the machine.
 SELECTOR = "app.kubernetes.io/managed-by=devbox,!devbox.io/no-agent"
 SSH_PORT = 2222
-REAL_NODE = "devbox-test/node=real"  # tests/cluster/node.py's kubelet labels its node so
+REAL_NODE = "devbox-test/node=real"  # tests/cluster/realnode/'s kubelet labels its node so
 # The longest a change waits for a pass when no pod event announces it (an agent that
 # died, a volume to bind): pod events wake the runner at once.
 IDLE = 1.0

@@ -1,4 +1,4 @@
-"""Boxes on the test cluster's real node (tests/cluster/node.py): a real kubelet, containerd
+"""Boxes on the test cluster's real node (tests/cluster/realnode/): a real kubelet, containerd
 and runc run the box image, mount the home volume, apply the pod's securityContext in a
 PID namespace of its own, plug in simulated GPUs through a device plugin, and carry
 `devbox ssh` over the kubelet's port-forward. The agent holds only the service account of
@@ -22,28 +22,21 @@ from tests.k8s.conftest import CLUSTER_DIR, Cluster, KubeUser, configure, new_na
 from tests.waiting import wait_until
 
 NODE = "devbox-real-node"
-# A profile for the real node: small (it has 2 CPUs), placed there, tolerating its taint.
-PROFILES = """
-[profiles.real]
-cpu = "100m"
-memory = "256Mi"
-node_selector = { "devbox-test/node" = "real" }
-tolerations = [{ key = "devbox-test/real-node", operator = "Exists", effect = "NoSchedule" }]
 
-[profiles.real-gpus]
-gpus = 2
-cpu = "100m"
-memory = "256Mi"
-node_selector = { "devbox-test/node" = "real" }
-tolerations = [{ key = "devbox-test/real-node", operator = "Exists", effect = "NoSchedule" }]
 
-[profiles.real-all]
-gpus = 8
-cpu = "100m"
-memory = "256Mi"
-node_selector = { "devbox-test/node" = "real" }
-tolerations = [{ key = "devbox-test/real-node", operator = "Exists", effect = "NoSchedule" }]
-"""
+# Profiles for the real node: small (it has 2 CPUs), placed there, tolerating its taint.
+def _real_profile(name: str, gpus: int) -> str:
+    return (
+        f'[profiles.{name}]\ngpus = {gpus}\ncpu = "100m"\nmemory = "256Mi"\n'
+        'node_selector = { "devbox-test/node" = "real" }\n'
+        'tolerations = [{ key = "devbox-test/real-node", operator = "Exists", '
+        'effect = "NoSchedule" }]\n'
+    )
+
+
+PROFILES = "\n" + "\n".join(
+    _real_profile(name, gpus) for name, gpus in (("real", 0), ("real-gpus", 2), ("real-all", 8))
+)
 
 
 @pytest.fixture(scope="session")

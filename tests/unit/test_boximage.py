@@ -1,4 +1,4 @@
-"""The pure parts of the test image builder (tests/cluster/boximage.py): reading the
+"""The pure parts of the test image builder (tests/cluster/boximage/): reading the
 Dockerfile, what goes into a layer (whiteouts included) and the archive's layout. The full
 build needs root and the network; the real node's tests run it."""
 
@@ -15,18 +15,41 @@ from pathlib import Path
 
 import pytest
 
-from tests.cluster import boximage as bi
+from tests.cluster.boximage.__main__ import main
+from tests.cluster.boximage.build import PAUSE_TAG, build_pause, mirror_from_sources
+from tests.cluster.boximage.dockerfile import (
+    DOCKERFILE,
+    BuildError,
+    Instruction,
+    Plan,
+    State,
+    base_key,
+    configure,
+    copy_args,
+    from_env,
+    image_config,
+    parse_dockerfile,
+    plan_of,
+)
+from tests.cluster.boximage.layers import (
+    is_overlay_opaque,
+    is_overlay_whiteout,
+    layer_entries,
+    unpack,
+    write_archive,
+    write_layer,
+)
 from tests.conftest import REPO
 
 
-def instructions(text: str) -> list[bi.Instruction]:
-    return bi.parse_dockerfile(text)
+def instructions(text: str) -> list[Instruction]:
+    return parse_dockerfile(text)
 
 
-def final_state(plan: bi.Plan) -> bi.State:
-    state = bi.State(bi.from_env(plan.base_image))
+def final_state(plan: Plan) -> State:
+    state = State(from_env(plan.base_image))
     for inst in (*plan.base, *plan.top):
-        bi.configure(state, inst)
+        configure(state, inst)
     return state
 
 
@@ -46,15 +69,15 @@ def test_continuations_join_as_docker_joins_them_and_comments_go() -> None:
 
 
 def test_the_box_dockerfile_is_its_setup_steps_and_splits_at_the_code() -> None:
-    plan = bi.plan_of(instructions(bi.DOCKERFILE.read_text()))
+    plan = plan_of(instructions(DOCKERFILE.read_text()))
     runs = [i.args for i in (*plan.base, *plan.top) if i.keyword == "RUN"]
     # The drift guard: the Dockerfile's build is setup.sh's steps, in the cache's order.
     assert runs == [f"sh /opt/devbox/setup.sh {step}" for step in ("system", "python", "devbox")]
     assert plan.top[0].keyword == "COPY" and plan.top[0].args.startswith("devbox ")
-    copied = [bi.copy_args(i)[0] for i in plan.base if i.keyword == "COPY"]
+    copied = [copy_args(i)[0] for i in plan.base if i.keyword == "COPY"]
     assert copied == [["images/box/setup.sh"], ["pyproject.toml"]]
     state = final_state(plan)
-    config = bi.image_config(state, ["sha256:" + "0" * 64], ["x"])["config"]
+    config = image_config(state, ["sha256:" + "0" * 64], ["x"])["config"]
     assert config["User"] == "1000:1000" and config["WorkingDir"] == "/homes"
     assert config["Cmd"] == ["devbox", "--help"]
     assert config["ExposedPorts"] == {"2222/tcp": {}}
@@ -82,12 +105,12 @@ def test_the_box_dockerfile_is_its_setup_steps_and_splits_at_the_code() -> None:
     ],
 )
 def test_what_it_cannot_carry_out_is_an_error(text: str, message: str) -> None:
-    with pytest.raises(bi.BuildError, match=message.replace(".", r"\.").replace("$", r"\$")):
-        bi.plan_of(instructions(text))
+    with pytest.raises(BuildError, match=message.replace(".", r"\.").replace("$", r"\$")):
+        plan_of(instructions(text))
 
 
 def test_config_instructions_in_their_forms() -> None:
-    state = bi.State({"PATH": "/bin"})
+    state = State({"PATH": "/bin"})
     for line in (
         'ENV A=1 B="two words" PATH=/x',
         "ENV LEGACY a value",
@@ -99,7 +122,7 @@ def test_config_instructions_in_their_forms() -> None:
         "USER dev:dev",
         "CMD echo hi",
     ):
-        bi.configure(state, instructions(line)[0])
+        configure(state, instructions(line)[0])
     assert state.env == {"PATH": "/x", "A": "1", "B": "two words", "LEGACY": "a value"}
     assert list(state.env) == ["PATH", "A", "B", "LEGACY"]  # an override keeps its place
     assert state.args == {"WITH": "default"}
@@ -112,15 +135,15 @@ def test_the_base_key_follows_what_the_base_copies_and_not_the_code(tmp_path: Pa
     for name in ("images/box/setup.sh", "pyproject.toml", "README.md", "devbox/cli.py"):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text(name)
-    plan = bi.plan_of(instructions(bi.DOCKERFILE.read_text()))
-    key = bi.base_key(plan, tmp_path)
+    plan = plan_of(instructions(DOCKERFILE.read_text()))
+    key = base_key(plan, tmp_path)
     (tmp_path / "devbox/cli.py").write_text("changed")
     (tmp_path / "README.md").write_text("changed")
-    assert bi.base_key(plan, tmp_path) == key
+    assert base_key(plan, tmp_path) == key
     (tmp_path / "pyproject.toml").write_text("changed")
-    assert bi.base_key(plan, tmp_path) != key
-    changed = bi.Plan(plan.base_image, plan.base[:-1], plan.top)
-    assert bi.base_key(changed, tmp_path) != bi.base_key(plan, tmp_path)
+    assert base_key(plan, tmp_path) != key
+    changed = Plan(plan.base_image, plan.base[:-1], plan.top)
+    assert base_key(changed, tmp_path) != base_key(plan, tmp_path)
 
 
 def make_tree(root: Path, files: dict[str, str]) -> None:
@@ -150,7 +173,7 @@ def test_a_layer_holds_the_image_but_not_runtime_folders_or_apt_caches(tmp_path:
         },
     )
     (tmp_path / "etc/link").symlink_to("passwd")
-    names = [name for name, _ in bi.layer_entries(tmp_path)]
+    names = [name for name, _ in layer_entries(tmp_path)]
     assert names == [
         "dev",
         "etc",
@@ -175,7 +198,7 @@ def test_a_layer_holds_the_image_but_not_runtime_folders_or_apt_caches(tmp_path:
 def test_overlay_whiteouts_become_wh_entries(tmp_path: Path) -> None:
     # Stand-ins for the overlay's marks, which need root: the conversion is the same.
     make_tree(tmp_path, {"etc/gone": "", "etc/kept": "", "opt/fresh/new": ""})
-    entries = bi.layer_entries(
+    entries = layer_entries(
         tmp_path,
         whiteout=lambda path, st: path.name == "gone",
         opaque=lambda path: path.name == "fresh",
@@ -197,9 +220,7 @@ def test_real_overlay_marks_are_recognised(tmp_path: Path) -> None:
     (tmp_path / "fresh").mkdir()
     os.setxattr(tmp_path / "fresh", "trusted.overlay.opaque", b"y")
     (tmp_path / "plain").mkdir()
-    entries = bi.layer_entries(
-        tmp_path, whiteout=bi.is_overlay_whiteout, opaque=bi.is_overlay_opaque
-    )
+    entries = layer_entries(tmp_path, whiteout=is_overlay_whiteout, opaque=is_overlay_opaque)
     assert [name for name, _ in entries] == ["fresh", "fresh/.wh..wh..opq", ".wh.gone", "plain"]
 
 
@@ -211,9 +232,9 @@ def test_the_archive_is_docker_save_layout_and_unpacks_with_whiteouts(tmp_path: 
     make_tree(upper, {"etc/gone": "", "opt/old/new": "n", "etc/kept": "changed"})
     layers = [tmp_path / "one.tar", tmp_path / "two.tar"]
     diff_ids = [
-        bi.write_layer(bi.layer_entries(lower), layers[0]),
-        bi.write_layer(
-            bi.layer_entries(
+        write_layer(layer_entries(lower), layers[0]),
+        write_layer(
+            layer_entries(
                 upper,
                 whiteout=lambda path, st: path.name == "gone",
                 opaque=lambda path: path.name == "old",
@@ -221,10 +242,10 @@ def test_the_archive_is_docker_save_layout_and_unpacks_with_whiteouts(tmp_path: 
             layers[1],
         ),
     ]
-    state = bi.State({"PATH": "/bin"}, user="1000:1000", cmd=["tool"])
-    config = bi.image_config(state, diff_ids, ["one", "two"])
+    state = State({"PATH": "/bin"}, user="1000:1000", cmd=["tool"])
+    config = image_config(state, diff_ids, ["one", "two"])
     archive = tmp_path / "image.tar"
-    bi.write_archive(archive, tag="devbox/box:test", config=config, layers=layers)
+    write_archive(archive, tag="devbox/box:test", config=config, layers=layers)
 
     with tarfile.open(archive) as tar:
         manifest = json.load(tar.extractfile("manifest.json"))  # type: ignore[arg-type]
@@ -248,7 +269,7 @@ def test_the_archive_is_docker_save_layout_and_unpacks_with_whiteouts(tmp_path: 
 
     root = tmp_path / "root"
     root.mkdir()
-    assert bi.unpack(archive, root)["config"]["Cmd"] == ["tool"]
+    assert unpack(archive, root)["config"]["Cmd"] == ["tool"]
     assert not (root / "etc/gone").exists()
     assert (root / "etc/kept").read_text() == "changed"
     assert sorted(p.name for p in (root / "opt/old").iterdir()) == ["new"]
@@ -267,7 +288,7 @@ def elf(program_types: list[int]) -> bytes:
 def test_the_pause_image_holds_only_the_static_binary(tmp_path: Path) -> None:
     binary, out = tmp_path / "pause-bin", tmp_path / "pause.tar"
     binary.write_bytes(elf([1, 1]))  # two PT_LOAD, no PT_INTERP
-    bi.build_pause(binary, out, tag=bi.PAUSE_TAG)
+    build_pause(binary, out, tag=PAUSE_TAG)
     with tarfile.open(out) as tar:
         [entry] = json.load(tar.extractfile("manifest.json"))  # type: ignore[arg-type]
         config = json.load(tar.extractfile(entry["Config"]))  # type: ignore[arg-type]
@@ -279,8 +300,8 @@ def test_the_pause_image_holds_only_the_static_binary(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["pause-bin", "pause.tar"]
 
     binary.write_bytes(elf([1, 3, 1]))  # PT_INTERP: it needs a libc the image lacks
-    with pytest.raises(bi.BuildError, match="not a static ELF"):
-        bi.build_pause(binary, out, tag=bi.PAUSE_TAG)
+    with pytest.raises(BuildError, match="not a static ELF"):
+        build_pause(binary, out, tag=PAUSE_TAG)
 
 
 def test_the_mirror_comes_from_the_hosts_apt_sources() -> None:
@@ -294,18 +315,18 @@ def test_the_mirror_comes_from_the_hosts_apt_sources() -> None:
     disabled = "Types: deb\nURIs: http://off.example/debian\nSuites: bookworm\n"
     disabled += "Components: main\nEnabled: no\n"
     one_line = "deb [arch=amd64 signed-by=/k.gpg] http://line.example/debian bookworm main\n"
-    assert bi.mirror_from_sources([disabled, deb822]) == "http://mirror.example/debian"
-    assert bi.mirror_from_sources(["# deb http://x/ bookworm main\n", one_line]) == (
+    assert mirror_from_sources([disabled, deb822]) == "http://mirror.example/debian"
+    assert mirror_from_sources(["# deb http://x/ bookworm main\n", one_line]) == (
         "http://line.example/debian"
     )
-    assert bi.mirror_from_sources(["deb http://x/debian bullseye main\n"]) is None
+    assert mirror_from_sources(["deb http://x/debian bullseye main\n"]) is None
 
 
 def test_the_box_image_without_root_is_one_line_and_exit_1(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
-    assert bi.main(["box", "--out", str(tmp_path / "x.tar")]) == 1
+    assert main(["box", "--out", str(tmp_path / "x.tar")]) == 1
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err.count("\n") == 1 and captured.err.startswith("boximage: error: ")
