@@ -139,7 +139,8 @@ def measure(args: argparse.Namespace, path: str) -> dict[str, Any]:
         if cpu:
             loops[variant].clock = time.thread_time
     # wandb's service process starts first: its start-up must not land in a measurement.
-    run = wandb.init(project="devbox-bench", mode="offline", dir=tempfile.mkdtemp())
+    # Its offline run files go in the sink's folder, which goes at the end.
+    run = wandb.init(project="devbox-bench", mode="offline", dir=os.path.dirname(path))
     time.sleep(2.0)
     watchers: dict[str, Any] = {}
     for variant in variants:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -19,13 +20,16 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def _run(script: str, *args: str) -> dict[str, Any]:
+def _run(script: str, *args: str, tmp: Path | None = None) -> dict[str, Any]:
+    """Runs a benchmark; with `tmp`, as its TMPDIR (to see what it leaves behind)."""
+    env = None if tmp is None else {**os.environ, "TMPDIR": str(tmp)}
     out = subprocess.run(
         [sys.executable, str(BENCH / script), *args],
         cwd=BENCH,
         capture_output=True,
         text=True,
         timeout=240,
+        env=env,
     )
     assert out.returncode == 0, out.stderr
     result: dict[str, Any] = json.loads(out.stdout)
@@ -103,7 +107,7 @@ def test_autoscaler_benchmark() -> None:
     assert result["constant_requests"] is True
 
 
-def test_probe_benchmark() -> None:
+def test_probe_benchmark(tmp_path: Path) -> None:
     from tests.probe import require_torch
 
     require_torch()
@@ -121,7 +125,11 @@ def test_probe_benchmark() -> None:
         "2",
         "--compile-every",
         "2",
+        tmp=tmp_path,
     )
+    # Its sink and wandb's offline run folder go with it (wandb's used to stay in /tmp);
+    # torch.compile's cache (torchinductor_USER) is kept by torch on purpose.
+    assert [p.name for p in tmp_path.iterdir() if not p.name.startswith("torchinductor_")] == []
     ms = result["ms_per_step_median_of_windows"]
     assert set(ms) == {
         "none",
