@@ -6,6 +6,7 @@ images/k8s/agent-rbac.yaml. What kwok's simulated nodes cannot show is shown her
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -278,15 +279,29 @@ def test_gpus_are_the_boxs_own_and_stats_maps_their_processes(
     assert (held["pid"], held["box_pid"]) == (pid, box_pid)
 
 
-def test_down_ends_every_process_of_the_box(rk: KubeUser) -> None:
-    box = _up(rk, "ends", "--profile", "real")
-    _in_box(rk, "ends", "nohup setsid sleep 1000 >/dev/null 2>&1 </dev/null & true")
-    pod = _pod(rk, box["extra"]["pod"])
+def _busy_box(kube: KubeUser, name: str) -> tuple[dict[str, Any], set[int]]:
+    """A box with a detached process in it (nobody's child but PID 1's); the box and the
+    host PIDs of all its processes, once that one is among them."""
+    box = _up(kube, name, "--profile", "real")
+    _in_box(kube, name, "nohup setsid sleep 1000 >/dev/null 2>&1 </dev/null & true")
+    pod = _pod(kube, box["extra"]["pod"])
     assert pod is not None
-    pids = wait_until(
-        lambda: _container_pids(pod["metadata"]["uid"]), timeout=30, what="the box's processes"
-    )
-    assert len(pids) >= 3  # at least the sandbox, the agent (init and agent) and the sleep
+
+    def with_sleep() -> set[int]:
+        pids = _container_pids(pod["metadata"]["uid"])
+        names = set()
+        for p in pids:
+            with contextlib.suppress(OSError):
+                names.add(Path(f"/proc/{p}/comm").read_text().strip())
+        return pids if "sleep" in names else set()
+
+    pids = wait_until(with_sleep, timeout=30, what="the box's processes")
+    assert len(pids) >= 4  # at least the sandbox, the agent's init and itself, the sleep
+    return box, pids
+
+
+def test_down_ends_every_process_of_the_box(rk: KubeUser) -> None:
+    _, pids = _busy_box(rk, "ends")
     rk.devbox("down", "ends", check=True, timeout=120)
     wait_until(lambda: not any(_alive(p) for p in pids), timeout=60, what="every process to end")
 
@@ -361,13 +376,7 @@ def test_a_claimed_warm_box_is_not_preempted_by_ordinary_gpu_work(rk: KubeUser) 
 
 
 def test_an_autoscaler_release_ends_every_process_of_the_box(rk: KubeUser, tmp_path: Path) -> None:
-    box = _up(rk, "idle", "--profile", "real")
-    _in_box(rk, "idle", "nohup setsid sleep 1000 >/dev/null 2>&1 </dev/null & true")
-    pod = _pod(rk, box["extra"]["pod"])
-    assert pod is not None
-    pids = wait_until(
-        lambda: _container_pids(pod["metadata"]["uid"]), timeout=30, what="the box's processes"
-    )
+    box, pids = _busy_box(rk, "idle")
     settings = tmp_path / "autoscaler.toml"
     settings.write_text("idle_timeout = 6\nwarning = 3\ngrace = 0\ninterval = 1\n")
     log = tmp_path / "autoscaler.log"
