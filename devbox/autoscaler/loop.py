@@ -31,6 +31,8 @@ class Snapshot:
     pending: Sequence[policy.PendingPod] = ()
     # Each known profile's GPU count; None: this world has no profiles (no warm pools).
     profiles: Mapping[str, int] | None = None
+    # The most GPUs one node has; None: unknown (nodes not readable, or no such notion).
+    largest_node_gpus: int | None = None
 
 
 class World(Protocol):
@@ -87,6 +89,7 @@ class Autoscaler:
             warm_pods=snap.warm_pods,
             pending=snap.pending,
             profiles=snap.profiles,
+            largest_node_gpus=snap.largest_node_gpus,
         )
         for note in set(decision.notes) - self._noted:  # once each, not every pass
             log.warning("%s", note)

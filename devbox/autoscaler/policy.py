@@ -195,6 +195,7 @@ def decide(
     warm_pods: Sequence[WarmPod] = (),
     pending: Sequence[PendingPod] = (),
     profiles: Mapping[str, int] | None = None,
+    largest_node_gpus: int | None = None,
 ) -> Decision:
     """This pass's actions and a verdict per box. `warm` counts unclaimed warm pods of
     the current shape per (profile, GPUs); `warm_pods`, `pending` and `profiles` are the
@@ -226,7 +227,12 @@ def decide(
                 )
             )
     pool_actions, notes = pool.actions(
-        settings.pools, warm=warm or {}, warm_pods=warm_pods, pending=pending, profiles=profiles
+        settings.pools,
+        warm=warm or {},
+        warm_pods=warm_pods,
+        pending=pending,
+        profiles=profiles,
+        largest_node_gpus=largest_node_gpus,
     )
     actions.extend(pool_actions)
     return Decision(tuple(actions), tuple(verdicts), tuple(notes))

@@ -6,7 +6,10 @@ who claimed it preemptible for as long as the box lives). So the scheduler never
 a warm pod for real work; the autoscaler yields them instead. The rule, per pass:
 
 - Pending work is every pod the scheduler could not place for lack of `nvidia.com/gpu`
-  (its own warm pods left out: a warm pod waiting for GPUs is no reason to drop another).
+  (its own warm pods left out: a warm pod waiting for GPUs is no reason to drop another),
+  but not one asking for more GPUs than the largest node has (when the nodes are known):
+  no yield could ever place it, and anyone who may create a pod could otherwise empty
+  every GPU pool for as long as it waits.
 - The GPUs already coming back count first: those of warm pods being deleted, and of
   pods of a stale shape dropped in this pass.
 - Then unclaimed warm pods holding GPUs on a node are yielded, the largest first (fewest
@@ -86,12 +89,23 @@ def actions(
     warm_pods: Sequence[WarmPod] = (),
     pending: Sequence[PendingPod] = (),
     profiles: Mapping[str, int] | None = None,
+    largest_node_gpus: int | None = None,
 ) -> tuple[list[PoolAction], list[str]]:
     """The pools' actions and notes (what could not be done, for the log). `warm` counts
     the unclaimed pods of the current shape per (profile, GPUs); `profiles` is each known
-    profile's GPU count (None: the world has no profiles, a pool's GPUs are as written)."""
+    profile's GPU count (None: the world has no profiles, a pool's GPUs are as written);
+    `largest_node_gpus` the most GPUs one node has (None: unknown, every pod may fit)."""
     out: list[PoolAction] = []
     notes: list[str] = []
+    if largest_node_gpus is not None:
+        never = [w for w in pending if w.gpus > largest_node_gpus]
+        if never:
+            notes.append(
+                f"{len(never)} pending pod(s) ask for more GPUs than any node has "
+                f"({never[0].key}: {never[0].gpus} > {largest_node_gpus}); no warm pod "
+                "yields to them"
+            )
+            pending = [w for w in pending if w.gpus <= largest_node_gpus]
     live = [w for w in warm_pods if not w.deleting]
     for w in live:
         if not w.current:

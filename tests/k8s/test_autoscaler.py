@@ -352,8 +352,8 @@ def test_a_bad_config_map_is_one_line_at_start(kube: KubeUser) -> None:
     ]
 
 
-def _plain_gpu_pod(name: str, node: Node) -> bytes:
-    """A pod that is not devbox's, asking for one GPU of `node` (kwok "runs" it)."""
+def _plain_gpu_pod(name: str, node: Node, gpus: int = 1) -> bytes:
+    """A pod that is not devbox's, asking for GPUs of `node` (kwok "runs" it)."""
     key, value = node.taint
     body = {
         "apiVersion": "v1",
@@ -364,7 +364,7 @@ def _plain_gpu_pod(name: str, node: Node) -> bytes:
                 {
                     "name": "train",
                     "image": "train:1",
-                    "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                    "resources": {"limits": {"nvidia.com/gpu": str(gpus)}},
                 }
             ],
             "nodeSelector": {"kubernetes.io/hostname": node.name},
@@ -474,3 +474,75 @@ def test_warm_pods_yield_to_pods_waiting_for_gpus(
     text = log.read_text()
     assert f"yielded warm pod {second}" in text and "Traceback" not in text, text
     assert "may not list pods in every namespace" not in text
+
+
+@pytest.mark.timeout(300)
+def test_no_warm_pod_yields_to_a_pod_no_node_could_hold(
+    kube: KubeUser, own_node: Node, tmp_path: Path
+) -> None:
+    """With the nodes readable (images/k8s/cluster.yaml's devbox-capacity-reader), a pod
+    asking for more GPUs than any node has is not pending work a yield could help: else
+    anyone who may create a pod empties the GPU pools for as long as it waits."""
+    k = Kube(kube)
+    applied = k.cluster.kubectl_run(
+        "apply", "-n", k.ns, "-f", str(REPO / "images/k8s/autoscaler.yaml")
+    )
+    assert applied.returncode == 0, applied.stderr
+    binding = f"devbox-capacity-{k.ns}"
+    bound = k.cluster.kubectl_run(
+        "create", "clusterrolebinding", binding, "--clusterrole", "devbox-capacity-reader",
+        "--serviceaccount", f"{k.ns}:devbox-autoscaler",
+    )  # fmt: skip
+    assert bound.returncode == 0, bound.stderr
+    set_profiles(kube, pinned(own_node))
+    port = _free_port()
+    settings = f'interval = 1\nmetrics_port = {port}\n[[pool]]\nprofile = "pinned"\nsize = 1\n'
+    patch = json.dumps({"data": {"autoscaler.toml": settings}})
+    done = k.cluster.kubectl_run(
+        "patch", "configmap", "devbox-autoscaler", "-n", k.ns, "--type", "merge", "-p", patch
+    )
+    assert done.returncode == 0, done.stderr
+    env = dict(kube.user.env, KUBECONFIG=str(k.sa_kubeconfig(tmp_path / "sa.kubeconfig")))
+    log = tmp_path / "autoscaler.log"
+    proc = _start(env, log)
+
+    def metrics() -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            return str(r.read().decode())
+
+    def passes() -> int:
+        line = next(x for x in metrics().splitlines() if x.startswith("devbox_reconcile_passes"))
+        return int(float(line.split()[1]))
+
+    try:
+        (warm,) = _wait("a warm pod of the profile", lambda: k.ready_warm())
+        made = k.cluster.kubectl_run(
+            "apply", "-n", k.ns, "-f", "-", input=_plain_gpu_pod("greedy", own_node, gpus=1000)
+        )
+        assert made.returncode == 0, made.stderr
+        try:
+            _wait(
+                "the greedy pod seen", lambda: "devbox_gpu_pending_pods 1" in metrics(), timeout=30
+            )
+        except AssertionError:
+            print(
+                metrics(),
+                k.cluster.kubectl_run("get", "pods", "-n", k.ns, "-o", "wide").stdout.decode(),
+            )
+            print(
+                k.cluster.kubectl_run(
+                    "get", "pod", "greedy", "-n", k.ns, "-o", "yaml"
+                ).stdout.decode()
+            )
+            raise
+        seen = passes()
+        _wait("three more passes", lambda: passes() >= seen + 3, timeout=60)
+        still = k.pod(warm)
+        assert still is not None and not still["metadata"].get("deletionTimestamp")
+        assert "DevboxWarmYielded" not in k.events(warm)
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+        k.cluster.kubectl_run("delete", "clusterrolebinding", binding)
+    text = log.read_text()
+    assert "ask for more GPUs than any node has" in text and "Traceback" not in text, text

@@ -36,6 +36,7 @@ def decide(
     warm_pods: tuple[policy.WarmPod, ...] = (),
     waiting: tuple[policy.PendingPod, ...] = (),
     profiles: dict[str, int] | None = None,
+    largest: int | None = None,
 ) -> policy.Decision:
     return policy.decide(
         [],
@@ -46,6 +47,7 @@ def decide(
         warm_pods=warm_pods,
         pending=waiting,
         profiles=profiles,
+        largest_node_gpus=largest,
     )
 
 
@@ -88,6 +90,31 @@ def test_unscheduled_and_cpu_only_warm_pods() -> None:
     # A warm pod waiting for GPUs would race the pending pod for the freed one: it goes
     # too (and frees nothing); a CPU-only one holds no GPU and stays.
     assert sorted(kinds(d)) == [("Yield", "queued"), ("Yield", "w1")]
+
+
+def test_a_pod_no_node_could_hold_is_no_reason_to_yield() -> None:
+    """Anyone who may create pods could otherwise empty every GPU pool with one pod that
+    asks for more GPUs than a node has, for as long as it waits."""
+    pools = (PoolTarget(profile="gpu", gpus=None, size=1),)
+    pods = (warm("w1"), warm("w2", 2))
+    d = decide(
+        pools=pools,
+        counts={("gpu", 1): 1},
+        profiles={"gpu": 1},
+        warm_pods=pods,
+        waiting=(pending(9),),
+        largest=8,
+    )
+    assert d.actions == ()  # nothing yielded, and the pool is full: nothing to make
+    assert d.notes == (
+        "1 pending pod(s) ask for more GPUs than any node has (other/train: 9 > 8); "
+        "no warm pod yields to them",
+    )
+    # A pod that fits still gets them, whatever waits beside it.
+    d = decide(warm_pods=pods, waiting=(pending(9), pending(2, "ns/fits")), largest=8)
+    assert kinds(d) == [("Yield", "w2")]
+    # With the nodes unknown, every pending pod counts, as before.
+    assert len(decide(warm_pods=pods, waiting=(pending(9),)).actions) == 2
 
 
 def test_gpu_pools_are_not_refilled_while_gpu_work_waits() -> None:

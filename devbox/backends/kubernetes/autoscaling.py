@@ -99,6 +99,7 @@ class KubeWorld:
             warm_pods=warm_facts,
             pending=self.pools.pending(),
             profiles=profiles,
+            largest_node_gpus=self.pools.largest_node_gpus(),
         )
 
     def _facts(self, pod: dict[str, Any], lease: dict[str, Any] | None) -> policy.BoxFacts:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from devbox.backends.kubernetes.pods import GPU
+from devbox.backends.kubernetes.pods import GPU, count_of
 from devbox.backends.kubernetes.rest import Rest
 from devbox.errors import DevboxError
 
@@ -35,12 +35,12 @@ def gpus_by_node(rest: Rest) -> list[NodeGpus] | None:
                 continue
             for c in pod["spec"].get("containers") or []:
                 limits = (c.get("resources") or {}).get("limits") or {}
-                used[node] = used.get(node, 0) + int(limits.get(GPU, 0))
+                used[node] = used.get(node, 0) + count_of(limits.get(GPU, 0))
     except DevboxError:  # forbidden or unreachable: keep the upper bound
         used = {}
     out = []
     for node in nodes:
-        alloc = int(((node.get("status") or {}).get("allocatable") or {}).get(GPU, 0))
+        alloc = count_of(((node.get("status") or {}).get("allocatable") or {}).get(GPU, 0))
         name = node["metadata"]["name"]
         if alloc:
             out.append(NodeGpus(name, alloc, max(0, alloc - used.get(name, 0))))

@@ -180,16 +180,34 @@ def _toleration_of(raw: dict[str, Any]) -> Toleration:
     )
 
 
+_SUFFIXES = {
+    "": 1, "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
+    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
+}  # fmt: skip
+_WHOLE = re.compile(r"(\d+)(?:[eE](\d+))?(k|Ki|[MGTPE]i?)?")
+
+
+def count_of(quantity: object) -> int:
+    """A whole-number quantity (a GPU count) as the API server writes it: it canonicalises
+    them, so 1000 GPUs read back as "1k". Anything that is not a whole count is 0."""
+    if isinstance(quantity, int) and not isinstance(quantity, bool):
+        return max(quantity, 0)
+    match = _WHOLE.fullmatch(str(quantity).strip()) if quantity is not None else None
+    if match is None:
+        return 0
+    digits, exponent, suffix = match.groups()
+    scale: int = 10 ** int(exponent or 0)
+    return int(digits) * scale * _SUFFIXES[suffix or ""]
+
+
 def gpus_requested(pod: dict[str, Any]) -> int:
     """The GPUs a pod's containers ask for (an extended resource's limit is its request)."""
     total = 0
     for c in (pod.get("spec") or {}).get("containers") or []:
         res = c.get("resources") or {}
-        asked = (res.get("limits") or {}).get(GPU) or (res.get("requests") or {}).get(GPU) or 0
-        try:
-            total += int(asked)
-        except ValueError:
-            continue
+        total += count_of(
+            (res.get("limits") or {}).get(GPU) or (res.get("requests") or {}).get(GPU)
+        )
     return total
 
 
@@ -263,7 +281,7 @@ def to_box(pod: dict[str, Any], *, last_input: float = 0.0) -> Box:
         owner=labels.get(p.LABEL_OWNER, ""),
         backend="kubernetes",
         spec=BoxSpec(
-            gpus=int(limits.get(GPU, 0)),
+            gpus=count_of(limits.get(GPU, 0)),
             profile=labels.get(p.LABEL_PROFILE, ""),
             image=containers[0].get("image", ""),
             cpu=str(requests.get("cpu", "")),

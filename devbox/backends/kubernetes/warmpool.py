@@ -36,6 +36,7 @@ class WarmPools:
         self._event = event
         self._profiles: Informer | None = None
         self._pending: Informer | None = None
+        self._nodes: Informer | None = None  # None: nodes may not be read
         self._catalog: dict[str, Profile] | None = None  # the last good one
         self._catalog_version: str | None = None
         self._catalog_problem = ""
@@ -56,9 +57,28 @@ class WarmPools:
         self._pending = Informer("pending pods", c.rest, self._pending_path(), fields=PENDING)
         for cache in (self._profiles, self._pending):
             cache.start(stop)
+        if self._may_list_nodes():
+            self._nodes = Informer("nodes", c.rest, "/api/v1/nodes")
+            self._nodes.start(stop)
+            self._nodes.settle(timeout)
         self._pending.wait(timeout)
         self._profiles.settle(timeout)  # it may be forbidden: catalog() says so
         return self._pending
+
+    def _may_list_nodes(self) -> bool:
+        """Nodes are cluster-wide: readable only with images/k8s/cluster.yaml's optional
+        ClusterRole devbox-capacity-reader. Asked once, so that a forbidden watch does not
+        retry (and log) forever."""
+        c = self.cluster
+        with api.errors(c):
+            try:
+                c.rest.get("/api/v1/nodes", limit="1")
+                return True
+            except ApiError as exc:
+                if exc.status != 403:
+                    raise
+        log.info("may not list nodes: pods asking for more GPUs than any node has still count")
+        return False
 
     def _pending_path(self) -> str:
         """Pods of every namespace where we may list them (the GPUs are shared), else ours."""
@@ -163,9 +183,22 @@ class WarmPools:
             return True
         return shape == pods.shape(self.backend.config, known.spec(gpus=gpus))
 
+    def largest_node_gpus(self) -> int | None:
+        """The most allocatable GPUs of one node, from the cache; None when unknown."""
+        cache = self._nodes
+        if cache is None or cache.problem is not None or not cache.synced.is_set():
+            return None
+        return max(
+            (
+                pods.count_of(((n.get("status") or {}).get("allocatable") or {}).get(pods.GPU))
+                for n in cache.items()
+            ),
+            default=0,
+        )
+
     def pending(self) -> list[policy.PendingPod]:
         """Pods waiting for GPUs, from the cache."""
-        found = (_waiting_for_gpus(pod) for pod in (self._pending.items() if self._pending else []))
+        found = (waiting_for_gpus(pod) for pod in (self._pending.items() if self._pending else []))
         return [x for x in found if x is not None]
 
     # --- acting -----------------------------------------------------------------------
@@ -205,7 +238,7 @@ class WarmPools:
         return True
 
 
-def _waiting_for_gpus(pod: dict[str, Any]) -> policy.PendingPod | None:
+def waiting_for_gpus(pod: dict[str, Any]) -> policy.PendingPod | None:
     meta, spec = pod["metadata"], pod.get("spec") or {}
     labels = meta.get("labels") or {}
     if meta.get("deletionTimestamp") or spec.get("nodeName"):
