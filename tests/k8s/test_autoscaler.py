@@ -374,43 +374,63 @@ def _plain_gpu_pod(name: str, node: Node, gpus: int = 1) -> bytes:
     return json.dumps(body).encode()
 
 
+class PoolScaler:
+    """`devbox autoscaler` as its ServiceAccount (images/k8s/autoscaler.yaml), bound to
+    one of images/k8s/cluster.yaml's ClusterRoles, keeping a pool of one warm pod of a
+    one-GPU profile on the test's own 2-GPU node; its metrics and pass count."""
+
+    def __init__(self, kube: KubeUser, node: Node, tmp_path: Path, *, clusterrole: str) -> None:
+        self.k = k = Kube(kube)
+        applied = k.cluster.kubectl_run(
+            "apply", "-n", k.ns, "-f", str(REPO / "images/k8s/autoscaler.yaml")
+        )
+        assert applied.returncode == 0, applied.stderr
+        self.binding = f"{clusterrole}-{k.ns}"
+        bound = k.cluster.kubectl_run(
+            "create", "clusterrolebinding", self.binding, "--clusterrole", clusterrole,
+            "--serviceaccount", f"{k.ns}:devbox-autoscaler",
+        )  # fmt: skip
+        assert bound.returncode == 0, bound.stderr
+        set_profiles(kube, pinned(node))
+        self.port = _free_port()
+        settings = (
+            f'interval = 1\nmetrics_port = {self.port}\n[[pool]]\nprofile = "pinned"\nsize = 1\n'
+        )
+        patch = json.dumps({"data": {"autoscaler.toml": settings}})
+        done = k.cluster.kubectl_run(
+            "patch", "configmap", "devbox-autoscaler", "-n", k.ns, "--type", "merge", "-p", patch
+        )
+        assert done.returncode == 0, done.stderr
+        env = dict(kube.user.env, KUBECONFIG=str(k.sa_kubeconfig(tmp_path / "sa.kubeconfig")))
+        self.log = tmp_path / "autoscaler.log"
+        self.proc = _start(env, self.log)
+
+    def metrics(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/metrics", timeout=5) as r:
+            return str(r.read().decode())
+
+    def passes(self) -> int:
+        line = next(
+            x for x in self.metrics().splitlines() if x.startswith("devbox_reconcile_passes")
+        )
+        return int(float(line.split()[1]))
+
+    def stop(self) -> str:
+        """Stops it; its log."""
+        self.proc.terminate()
+        self.proc.wait(timeout=20)
+        self.k.cluster.kubectl_run("delete", "clusterrolebinding", self.binding)
+        return self.log.read_text()
+
+
 @pytest.mark.timeout(300)
 def test_warm_pods_yield_to_pods_waiting_for_gpus(
     kube: KubeUser, own_node: Node, tmp_path: Path
 ) -> None:
-    k = Kube(kube)
-    applied = k.cluster.kubectl_run(
-        "apply", "-n", k.ns, "-f", str(REPO / "images/k8s/autoscaler.yaml")
-    )
-    assert applied.returncode == 0, applied.stderr
     # It may see the pods waiting in every namespace (images/k8s/cluster.yaml's role).
-    other = new_namespace(k.cluster, agent_rbac=False)
-    binding = f"devbox-pending-{k.ns}"
-    bound = k.cluster.kubectl_run(
-        "create", "clusterrolebinding", binding, "--clusterrole", "devbox-pending-pods-reader",
-        "--serviceaccount", f"{k.ns}:devbox-autoscaler",
-    )  # fmt: skip
-    assert bound.returncode == 0, bound.stderr
-    # A one-GPU profile on this test's own 2-GPU node, and a pool of one of it.
-    set_profiles(kube, pinned(own_node))
-    port = _free_port()
-    settings = f'interval = 1\nmetrics_port = {port}\n[[pool]]\nprofile = "pinned"\nsize = 1\n'
-    patch = json.dumps({"data": {"autoscaler.toml": settings}})
-    done = k.cluster.kubectl_run(
-        "patch", "configmap", "devbox-autoscaler", "-n", k.ns, "--type", "merge", "-p", patch
-    )
-    assert done.returncode == 0, done.stderr
-    env = dict(kube.user.env, KUBECONFIG=str(k.sa_kubeconfig(tmp_path / "sa.kubeconfig")))
-    log = tmp_path / "autoscaler.log"
-    proc = _start(env, log)
-
-    def metrics() -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-            return str(r.read().decode())
-
-    def passes() -> int:
-        line = next(x for x in metrics().splitlines() if x.startswith("devbox_reconcile_passes"))
-        return int(float(line.split()[1]))
+    other = new_namespace(kube.cluster, agent_rbac=False)
+    scaler = PoolScaler(kube, own_node, tmp_path, clusterrole="devbox-pending-pods-reader")
+    k, metrics, passes = scaler.k, scaler.metrics, scaler.passes
 
     def on_node(name: str, ns: str = k.ns) -> bool:
         got = k.cluster.kubectl_run("get", "pod", name, "-n", ns, "-o", "json")
@@ -467,11 +487,8 @@ def test_warm_pods_yield_to_pods_waiting_for_gpus(
         assert not [w for w in k.ready_warm() if on_node(w)]
         assert kube.devbox("ssh", "mine", "--", "echo", "ok", check=True).stdout == b"ok\n"
     finally:
-        proc.terminate()
-        proc.wait(timeout=20)
-        k.cluster.kubectl_run("delete", "clusterrolebinding", binding)
+        text = scaler.stop()
         k.cluster.kubectl_run("delete", "namespace", other, "--wait=false")
-    text = log.read_text()
     assert f"yielded warm pod {second}" in text and "Traceback" not in text, text
     assert "may not list pods in every namespace" not in text
 
@@ -483,37 +500,8 @@ def test_no_warm_pod_yields_to_a_pod_no_node_could_hold(
     """With the nodes readable (images/k8s/cluster.yaml's devbox-capacity-reader), a pod
     asking for more GPUs than any node has is not pending work a yield could help: else
     anyone who may create a pod empties the GPU pools for as long as it waits."""
-    k = Kube(kube)
-    applied = k.cluster.kubectl_run(
-        "apply", "-n", k.ns, "-f", str(REPO / "images/k8s/autoscaler.yaml")
-    )
-    assert applied.returncode == 0, applied.stderr
-    binding = f"devbox-capacity-{k.ns}"
-    bound = k.cluster.kubectl_run(
-        "create", "clusterrolebinding", binding, "--clusterrole", "devbox-capacity-reader",
-        "--serviceaccount", f"{k.ns}:devbox-autoscaler",
-    )  # fmt: skip
-    assert bound.returncode == 0, bound.stderr
-    set_profiles(kube, pinned(own_node))
-    port = _free_port()
-    settings = f'interval = 1\nmetrics_port = {port}\n[[pool]]\nprofile = "pinned"\nsize = 1\n'
-    patch = json.dumps({"data": {"autoscaler.toml": settings}})
-    done = k.cluster.kubectl_run(
-        "patch", "configmap", "devbox-autoscaler", "-n", k.ns, "--type", "merge", "-p", patch
-    )
-    assert done.returncode == 0, done.stderr
-    env = dict(kube.user.env, KUBECONFIG=str(k.sa_kubeconfig(tmp_path / "sa.kubeconfig")))
-    log = tmp_path / "autoscaler.log"
-    proc = _start(env, log)
-
-    def metrics() -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
-            return str(r.read().decode())
-
-    def passes() -> int:
-        line = next(x for x in metrics().splitlines() if x.startswith("devbox_reconcile_passes"))
-        return int(float(line.split()[1]))
-
+    scaler = PoolScaler(kube, own_node, tmp_path, clusterrole="devbox-capacity-reader")
+    k, metrics, passes = scaler.k, scaler.metrics, scaler.passes
     try:
         (warm,) = _wait("a warm pod of the profile", lambda: k.ready_warm())
         made = k.cluster.kubectl_run(
@@ -541,8 +529,5 @@ def test_no_warm_pod_yields_to_a_pod_no_node_could_hold(
         assert still is not None and not still["metadata"].get("deletionTimestamp")
         assert "DevboxWarmYielded" not in k.events(warm)
     finally:
-        proc.terminate()
-        proc.wait(timeout=20)
-        k.cluster.kubectl_run("delete", "clusterrolebinding", binding)
-    text = log.read_text()
+        text = scaler.stop()
     assert "ask for more GPUs than any node has" in text and "Traceback" not in text, text
