@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from harness import REPO, devbox_command, emit, free_port, sandbox, ssh_base, summary, wall
-from k8s_common import claim_to_shell, cluster_bin, downloads, kubectl_forward
+from k8s_common import claim_to_shell, cluster_bin, configure_kube_user, downloads, kubectl_forward
 
 
 @contextlib.contextmanager
@@ -73,13 +73,7 @@ def main() -> None:
             check=True,
             capture_output=True,
         )
-        sb.env.update(KUBECONFIG=str(kubeconfig), DEVBOX_BACKEND="kubernetes")
-        cfg = Path(sb.env["HOME"]) / ".config/devbox/config.toml"
-        cfg.parent.mkdir(parents=True, exist_ok=True)
-        cfg.write_text(
-            f'namespace = "{ns}"\nhome_storage_class = "devbox-sim"\n'
-            'image = "devbox/box:bench"\nstart_timeout = 120\n'
-        )
+        configure_kube_user(sb, kubeconfig, ns, image="devbox/box:bench")
         sb.devbox("up", "warmup", "--no-attach")
         sb.devbox("down", "warmup")
 

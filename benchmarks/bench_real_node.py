@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from harness import REPO, Sandbox, devbox_command, emit, free_port, sandbox, ssh_base, summary
-from k8s_common import claim_to_shell, cluster_bin, downloads, kubectl_forward
+from k8s_common import claim_to_shell, cluster_bin, configure_kube_user, downloads, kubectl_forward
 
 PROFILE = """
 [profiles.real]
@@ -74,13 +74,7 @@ def main() -> None:
                 check=True,
                 capture_output=True,
             )
-            sb.env.update(KUBECONFIG=str(kubeconfig), DEVBOX_BACKEND="kubernetes")
-            cfg = Path(sb.env["HOME"]) / ".config/devbox/config.toml"
-            cfg.parent.mkdir(parents=True, exist_ok=True)
-            cfg.write_text(
-                f'namespace = "{ns}"\nhome_storage_class = "devbox-sim"\n'
-                f'image = "devbox/box:test"\nstart_timeout = 300\n{PROFILE}'
-            )
+            configure_kube_user(sb, kubeconfig, ns, image="devbox/box:test", extra=PROFILE)
             result = measure(sb, devbox, k, ns, runs=args.runs, mib=args.mib)
         finally:
             subprocess.run([*k, "delete", "namespace", ns, "--wait=false"], capture_output=True)

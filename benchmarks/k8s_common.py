@@ -16,7 +16,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from harness import REPO
+from harness import REPO, Sandbox
 
 
 def cluster_bin() -> Path:
@@ -102,3 +102,17 @@ def kubectl_forward(kubectl: list[str], namespace: str, pod: str, port: int) -> 
     finally:
         forward.terminate()
         forward.wait()
+
+
+def configure_kube_user(
+    sb: Sandbox, kubeconfig: Path, namespace: str, *, image: str, extra: str = ""
+) -> None:
+    """Points the sandbox's devbox at the test cluster's namespace (homes on the
+    simulated storage class), with `extra` appended to its config.toml."""
+    sb.env.update(KUBECONFIG=str(kubeconfig), DEVBOX_BACKEND="kubernetes")
+    cfg = Path(sb.env["HOME"]) / ".config/devbox/config.toml"
+    cfg.parent.mkdir(parents=True, exist_ok=True)
+    cfg.write_text(
+        f'namespace = "{namespace}"\nhome_storage_class = "devbox-sim"\n'
+        f'image = "{image}"\nstart_timeout = 300\n{extra}'
+    )
