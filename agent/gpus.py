@@ -1,21 +1,22 @@
-"""Exclusive GPUs for a box: one lock file per GPU, held by the agent for its life.
+"""Exclusive GPUs for a box: one abstract Unix socket name per GPU, bound by the agent for
+its life (devbox.gpulocks says why sockets, not files).
 
-flock locks belong to the open file, so the kernel drops them the moment the
-agent dies, however it dies: a crashed box never keeps its GPUs. The lock
-folder is machine-wide and shared by all users (mode 1777), so two users'
-boxes never share a GPU either.
+The kernel drops the names the moment the agent dies, however it dies: a crashed box
+never keeps its GPUs, and nobody can deny a GPU by leaving something behind. There is no
+machine-wide allocation lock, so no one can hold one either; two claims racing for the
+last GPUs each give back what they got and try again after a random pause.
 """
 
 from __future__ import annotations
 
-import contextlib
-import fcntl
-import os
-from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
+import random
+import time
+from dataclasses import dataclass, field
 
 from agent.nvml import GpuInfo, discover
+from devbox import gpulocks
+
+RACE_RETRIES = 20
 
 
 class GpuUnavailable(Exception):
@@ -25,7 +26,7 @@ class GpuUnavailable(Exception):
 @dataclass
 class GpuClaim:
     gpus: list[GpuInfo]
-    _fds: list[int]
+    _hold: gpulocks.Hold = field(default_factory=lambda: gpulocks.Hold([]))
 
     @property
     def visible_devices(self) -> str:
@@ -33,61 +34,54 @@ class GpuClaim:
         return ",".join(g.uuid for g in self.gpus)
 
     def release(self) -> None:
-        for fd in self._fds:
-            os.close(fd)
-        self._fds.clear()
+        self._hold.release()
 
 
-def _ensure_dir(lock_dir: Path) -> None:
-    if not lock_dir.exists():
-        with contextlib.suppress(FileExistsError):
-            lock_dir.mkdir(parents=True)
-            os.chmod(lock_dir, 0o1777)
-
-
-def _open_lock(path: Path) -> int:
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
-    with contextlib.suppress(PermissionError):
-        os.fchmod(fd, 0o666)  # the umask must not lock other users out
-    return fd
-
-
-@contextlib.contextmanager
-def _allocation_lock(lock_dir: Path) -> Iterator[None]:
-    # Serialises choosing GPUs, so two claims racing for the last ones cannot
-    # each take half and both fail.
-    fd = _open_lock(lock_dir / "alloc.lock")
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
-
-
-def claim(count: int, *, lock_dir: Path, owner: str) -> GpuClaim:
-    """Take `count` free GPUs or raise GpuUnavailable saying how many are free."""
+def claim(count: int, *, namespace: str) -> GpuClaim:
+    """Take `count` free GPUs or raise GpuUnavailable saying which are held, and by whom."""
     if count == 0:
-        return GpuClaim([], [])
+        return GpuClaim([])
     available = discover()
     if count > len(available):
         raise GpuUnavailable(f"asked for {count} GPU(s) but this machine has {len(available)}")
-    _ensure_dir(lock_dir)
-    taken: list[GpuInfo] = []
-    fds: list[int] = []
-    with _allocation_lock(lock_dir):
-        for gpu in available:
-            fd = _open_lock(lock_dir / f"gpu-{gpu.uuid}.lock")
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                continue
-            os.ftruncate(fd, 0)
-            os.write(fd, f"{owner}\n".encode())
-            taken.append(gpu)
-            fds.append(fd)
-            if len(taken) == count:
-                return GpuClaim(taken, fds)
-    free = len(taken)
-    GpuClaim(taken, fds).release()
-    raise GpuUnavailable(f"asked for {count} GPU(s) but only {free} of {len(available)} are free")
+    for _ in range(RACE_RETRIES):
+        taken = _take(available, count, namespace)
+        if taken is not None:
+            return taken
+        if _free_count(available, namespace) < count:
+            break  # not a race: the GPUs are in use
+        time.sleep(random.uniform(0.005, 0.05))  # a rival claim: let one of us win
+    raise GpuUnavailable(_refusal(available, count, namespace))
+
+
+def _take(available: list[GpuInfo], count: int, namespace: str) -> GpuClaim | None:
+    """Bind free GPUs' names in order until `count` are ours; None (all given back) if not."""
+    gpus, sockets = [], []
+    for gpu in available:
+        sock = gpulocks.try_hold(namespace, gpu.uuid)
+        if sock is None:
+            continue
+        gpus.append(gpu)
+        sockets.append(sock)
+        if len(gpus) == count:
+            hold = gpulocks.Hold(sockets)
+            hold.answer()
+            return GpuClaim(gpus, hold)
+    gpulocks.Hold(sockets).release()
+    return None
+
+
+def _free_count(available: list[GpuInfo], namespace: str) -> int:
+    return len(available) - len(gpulocks.held_names(namespace, [g.uuid for g in available]))
+
+
+def _refusal(available: list[GpuInfo], count: int, namespace: str) -> str:
+    """One line: how many are free, and who holds each of the others."""
+    held = []
+    for gpu in available:
+        who = gpulocks.holder(namespace, gpu.uuid)
+        if who is not None:
+            held.append(f"GPU {gpu.index} ({gpu.uuid}) is held by {who.describe()}")
+    free = len(available) - len(held)
+    line = f"asked for {count} GPU(s) but only {free} of {len(available)} are free"
+    return f"{line}: {'; '.join(held)}" if held else line

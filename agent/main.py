@@ -16,6 +16,7 @@ import fcntl
 import gc
 import logging
 import os
+import resource
 import signal
 import socket
 import sys
@@ -25,7 +26,7 @@ from typing import TYPE_CHECKING
 
 from agent import gpus, hostkey, sessions
 from agent.init import become_init_if_pid1
-from devbox import protocol
+from devbox import gpulocks, private, protocol
 from devbox.boxes import Multiplexer
 
 if TYPE_CHECKING:
@@ -55,7 +56,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--listen", default="127.0.0.1", help="address to listen on")
     p.add_argument("--port", type=int, default=0, help="port (0: any free one)")
     p.add_argument("--gpus", type=int, default=0, help="GPUs to claim exclusively")
-    p.add_argument("--gpu-lock-dir", type=Path, default=Path("/tmp/devbox-gpu-locks"))
+    p.add_argument(
+        "--gpu-namespace",
+        default=gpulocks.DEFAULT_NAMESPACE,
+        help="abstract socket namespace of the machine's GPU locks (tests keep apart with it)",
+    )
     p.add_argument("--lock-file", type=Path, help="held while the agent lives (liveness)")
     p.add_argument("--activity-file", type=Path, help="where user activity is published")
     p.add_argument("--multiplexer", default="auto", choices=("auto", "screen", "tmux", "none"))
@@ -80,6 +85,11 @@ def _parser() -> argparse.ArgumentParser:
     k8s.add_argument("--namespace", help="this pod's namespace")
     k8s.add_argument("--kubeconfig", help="API credentials (default: the pod's service account)")
     k8s.add_argument("--home-root", type=Path, help="where homes live; the owner's is ROOT/OWNER")
+    k8s.add_argument(
+        "--become-owner",
+        action="store_true",
+        help="started as root: make the owner's home and run as the owner's uid (agent/owner.py)",
+    )
     k8s.add_argument("--heartbeat", type=float, default=10.0, help="Lease renewal period (s)")
     return p
 
@@ -121,6 +131,23 @@ def _bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+# The agent's own descriptor limit is raised to the hard limit, up to this: enough for the
+# capped unauthenticated connections and many sessions and forwards of the owner's, while
+# what the sessions inherit stays modest (programs that close every descriptor up to the
+# limit, or use select(), do badly with a limit of 2^20, a container's usual hard limit).
+FD_LIMIT_CEILING = 65536
+
+
+def _raise_fd_limit() -> None:
+    """Raise RLIMIT_NOFILE's soft limit: 1024, the usual default, is little for a server
+    that anyone who reaches its port can make hold descriptors."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = FD_LIMIT_CEILING if hard == resource.RLIM_INFINITY else min(hard, FD_LIMIT_CEILING)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+
+
 def _report(fd: int | None, frame: bytes) -> None:
     if fd is None:
         sys.stdout.buffer.write(frame)
@@ -136,9 +163,14 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    # asyncssh logs every connection (three lines, before any authentication: a flood wrote
+    # 23 MB in 20 s) and, verbatim, every command line, user name and SFTP path, at INFO
+    # and DEBUG; it logs nothing above INFO. The agent logs its own, bounded, lines instead.
+    logging.getLogger("asyncssh").setLevel(logging.WARNING)
+    _raise_fd_limit()
     try:
         _check(args)
-        args.home.mkdir(parents=True, exist_ok=True)
+        args.home.mkdir(mode=0o700, parents=True, exist_ok=True)  # the launcher's is 0700 too
         os.chdir(args.home)
         if args.lock_file:
             _hold_lock(args.lock_file)
@@ -148,7 +180,10 @@ def main(argv: list[str] | None = None) -> int:
             if not owner_line.startswith(("ssh-", "ecdsa-", "sk-")):
                 raise StartError(f"{args.authorized_key} does not hold an SSH public key")
         try:
-            claim = gpus.claim(args.gpus, lock_dir=args.gpu_lock_dir, owner=args.name)
+            namespace = gpulocks.check_namespace(args.gpu_namespace)
+            claim = gpus.claim(args.gpus, namespace=namespace)
+        except gpulocks.NamespaceError as exc:
+            raise StartError(str(exc), "usage") from None
         except gpus.GpuUnavailable as exc:
             raise StartError(str(exc), "resource") from None
         sock = _bind(args.listen, args.port)
@@ -232,7 +267,7 @@ async def _serve(
     sampler = asyncio.create_task(agent.telemetry.run(delay=0.5))
     from agent import runs
 
-    counter = asyncio.create_task(runs.watch(agent.activity, agent.runs_dir), name="runs")
+    counter = asyncio.create_task(runs.watch(agent.activity, lambda: agent.runs_dir), name="runs")
     # Once everything long-lived is imported and built (asyncssh, NVML, the sampler), move
     # it out of the cyclic GC's sight: each tick allocates hundreds of small objects, and
     # the collections they trigger otherwise re-scan all of asyncssh every time (a third
@@ -279,8 +314,8 @@ async def _probe_hub(args: argparse.Namespace, agent: Agent) -> ProbeHub | None:
         await hub.start()
         # For processes not started from one of the agent's sessions: devbox.probe looks here.
         pointer = Path(args.home) / protocol.PROBE_POINTER_FILE
-        pointer.parent.mkdir(parents=True, exist_ok=True)
-        pointer.write_text(f"{path}\n")
+        pointer.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        private.write_text(pointer, f"{path}\n")
     except OSError as exc:
         logging.getLogger("devbox.agent").error("no probe hub: %s", exc)
         return None

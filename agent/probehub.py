@@ -25,7 +25,7 @@ from typing import Any
 
 from agent.telemetry import REQUEST_TIMEOUT as FIRST_TIMEOUT
 from agent.telemetry import RequestError, _fail, _LineReader
-from devbox import protocol
+from devbox import private, protocol
 from devbox.protocol import ProbeAlert
 
 log = logging.getLogger("devbox.agent.probe")
@@ -201,10 +201,8 @@ class ProbeHub:
     def _write_alerts(self) -> None:
         if self._alerts_file is None:
             return
-        tmp = self._alerts_file.with_suffix(".tmp")
         try:
-            tmp.write_text(json.dumps({"alerts": self.alerts}))
-            os.replace(tmp, self._alerts_file)
+            private.write_text(self._alerts_file, json.dumps({"alerts": self.alerts}))
         except OSError as exc:
             log.warning("cannot write %s: %s", self._alerts_file, exc)
 

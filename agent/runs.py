@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 from agent.server import Activity
@@ -17,10 +18,13 @@ log = logging.getLogger("devbox.agent")
 INTERVAL_SECONDS = 2.0
 
 
-async def watch(activity: Activity, runs_dir: Path, *, interval: float = INTERVAL_SECONDS) -> None:
+async def watch(
+    activity: Activity, runs_dir: Callable[[], Path], *, interval: float = INTERVAL_SECONDS
+) -> None:
+    """runs_dir is asked each time: a warm pod's home is known only once it is claimed."""
     while True:
         try:
-            activity.set_runs(count_running(runs_dir))
+            activity.set_runs(count_running(runs_dir()))
         except OSError:
             log.exception("counting the box's runs failed")
         await asyncio.sleep(interval)

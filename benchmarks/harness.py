@@ -61,7 +61,8 @@ def sandbox() -> Iterator[Sandbox]:
         HOME=str(root / "home"),
         SCREENDIR=str(screens),
         TMUX_TMPDIR=str(root),
-        DEVBOX_GPU_LOCK_DIR=str(root / "gpu-locks"),
+        # Its own GPU lock namespace: a sandbox never competes with real boxes' GPUs.
+        DEVBOX_GPU_NAMESPACE=f"devbox-bench-{root.name}",
         PYTHONPATH=str(REPO),
     )
     box = Sandbox(root, env)

@@ -16,7 +16,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from devbox import paths
+from devbox import paths, private
 
 # Options that take a value: the word after one is not a box or a run.
 VALUE_OPTIONS = (
@@ -50,10 +50,8 @@ def remember_runs(box: str, ids: Iterable[str], *, replace: bool = False) -> Non
         known = [i for i in known if i not in set(ids)] + list(ids)
         runs[box] = known[-KEEP_RUNS:]
         path = _cache()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({"runs": runs}))
-        os.replace(tmp, path)
+        private.ensure_dir(path.parent)
+        private.write_text(path, json.dumps({"runs": runs}))
 
 
 def boxes() -> list[str]:

@@ -43,8 +43,3 @@ def ssh_config_file() -> Path:
 
 def user_ssh_config() -> Path:
     return Path(os.path.expanduser("~")) / ".ssh" / "config"
-
-
-def gpu_lock_dir() -> Path:
-    """Machine-wide, shared by all users, so two users never take the same GPU."""
-    return Path(os.environ.get("DEVBOX_GPU_LOCK_DIR", "/tmp/devbox-gpu-locks"))

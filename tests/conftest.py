@@ -1,5 +1,5 @@
 """Shared fixtures: every test gets a fresh user (HOME, XDG folders, screen/tmux
-sockets, GPU locks) and a simulated NVML, and every box it starts is stopped after."""
+sockets, GPU lock namespace) and a simulated NVML, and every box it starts is stopped after."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -132,7 +133,13 @@ class User:
                     subprocess.run([tool, *args], env=self.env, capture_output=True, check=False)
 
 
-def make_user(root: Path, nvml_dir: Path, *, gpu_lock_dir: Path | None = None) -> User:
+def new_gpu_namespace() -> str:
+    """A GPU lock namespace of its own (abstract socket names are machine-wide), so tests
+    running at once never see each other's simulated GPUs, which share their UUIDs."""
+    return f"dbxt-gpu-{uuid.uuid4().hex[:12]}"
+
+
+def make_user(root: Path, nvml_dir: Path, *, gpu_namespace: str | None = None) -> User:
     home = root / "home"
     home.mkdir(parents=True)
     # A prompt tests can wait for, whatever the machine's bashrc says.
@@ -152,7 +159,7 @@ def make_user(root: Path, nvml_dir: Path, *, gpu_lock_dir: Path | None = None) -
         HOME=str(home),
         SCREENDIR=str(screens),
         TMUX_TMPDIR=str(short),
-        DEVBOX_GPU_LOCK_DIR=str(gpu_lock_dir or root / "gpu-locks"),
+        DEVBOX_GPU_NAMESPACE=gpu_namespace or new_gpu_namespace(),
         DEVBOX_NVML_SIM=str(gpu_file),
         LD_LIBRARY_PATH=str(nvml_dir),
         PYTHONPATH=str(REPO),
@@ -180,8 +187,8 @@ def user(tmp_path: Path, nvml_lib_dir: Path) -> Iterator[User]:
 def user_factory(tmp_path: Path, nvml_lib_dir: Path) -> Iterator[object]:
     made: list[User] = []
 
-    def factory(label: str, *, gpu_lock_dir: Path | None = None) -> User:
-        u = make_user(tmp_path / label, nvml_lib_dir, gpu_lock_dir=gpu_lock_dir)
+    def factory(label: str, *, gpu_namespace: str | None = None) -> User:
+        u = make_user(tmp_path / label, nvml_lib_dir, gpu_namespace=gpu_namespace)
         made.append(u)
         return u
 

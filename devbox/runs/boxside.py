@@ -30,6 +30,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import NoReturn
 
+from devbox import private
 from devbox.boxes import session_name
 from devbox.runs import record
 
@@ -154,11 +155,14 @@ def start(root: Path, spec_text: str, *, follow: bool) -> int:
     if not cwd.is_dir():
         _bad(f"no folder {cwd} in box {_box()}")
     kind = os.environ.get(MULTIPLEXER_ENV, "none")
-    root.mkdir(parents=True, exist_ok=True)
-    record.active_dir(root).mkdir(exist_ok=True)
+    # 0700: a run's command line, record and log are nobody else's (and in a box on a
+    # shared workstation, tightened from an older 0755 tree).
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    record.active_dir(root).mkdir(mode=0o700, exist_ok=True)
+    private.tighten([root, record.active_dir(root)])
     folder = record.run_dir(root, run_id)
     try:
-        folder.mkdir()
+        folder.mkdir(mode=0o700)
     except FileExistsError:
         raise Failure(f"box {_box()} already has a run {run_id}; try again") from None
     commit = spec.get("git_commit")
@@ -177,8 +181,8 @@ def start(root: Path, spec_text: str, *, follow: bool) -> int:
         window=f"run-{run_id}",
     )
     record.write(root, run)
-    (record.active_dir(root) / run_id).touch()
-    (folder / "log").touch()
+    (record.active_dir(root) / run_id).touch(mode=0o600)
+    (folder / "log").touch(mode=0o600)  # the run's output: nobody else's to read
     with _launch_lock(root):
         _open_window(run.multiplexer or "none", run, folder)
     if not follow:

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from devbox import private
 from devbox.locks import lock_held  # the wrapper's lock is probed as the agent's is
 
 RUNS_ENV = "DEVBOX_RUNS_DIR"
@@ -152,9 +153,7 @@ def write(root: Path, run: Run) -> None:
     data.pop("state")
     data.pop("killed")
     path = root / run.id / "run.json"
-    tmp = path.with_name(f"run.json.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
+    private.write_text(path, json.dumps(data))  # 0600: other users of a workstation
 
 
 def read(root: Path, run_id: str, *, now: float | None = None) -> Run:

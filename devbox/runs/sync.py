@@ -15,7 +15,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from devbox import paths
+from devbox import paths, private
 from devbox.backends.base import Backend
 from devbox.boxes import Box
 from devbox.errors import DevboxError, UsageError
@@ -95,8 +95,8 @@ def _rsync_shell(box: Box) -> tuple[list[str], str]:
         return openssh.rsync_shell(ssh, box)
     # Elsewhere the box is reached through `devbox proxy`, as `ssh NAME.devbox` does.
     config = paths.state_dir() / "sync" / f"{box.name}.ssh_config"
-    config.parent.mkdir(parents=True, exist_ok=True)
-    config.write_text(sshconfig.render([box]))
+    private.ensure_dir(config.parent)
+    private.write_text(config, sshconfig.render([box]))
     return [ssh, "-F", str(config), "-T", "-o", "BatchMode=yes"], f"{box.name}.devbox"
 
 

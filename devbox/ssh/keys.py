@@ -7,6 +7,7 @@ import os
 from pathlib import Path
 
 from devbox import paths
+from devbox import private as private_file
 from devbox.errors import StateError
 
 
@@ -26,7 +27,7 @@ def ensure_user_key(path: Path | None = None) -> str:
     pub = path.with_name(path.name + ".pub")
     if path.exists() and pub.exists():
         return _read_public(pub, path)
-    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    private_file.ensure_dir(path.parent)
     lock = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(lock, fcntl.LOCK_EX)  # two first-ever `devbox up`s must make one key
@@ -43,7 +44,7 @@ def _generate(path: Path, pub: Path) -> str:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
     key = Ed25519PrivateKey.generate()
-    private = key.private_bytes(
+    secret = key.private_bytes(
         serialization.Encoding.PEM,
         serialization.PrivateFormat.OpenSSH,
         serialization.NoEncryption(),
@@ -54,12 +55,6 @@ def _generate(path: Path, pub: Path) -> str:
         .decode()
     )
     line = f"{public} devbox@{os.uname().nodename}"
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(private)
-    pub_tmp = pub.with_name(pub.name + ".tmp")
-    pub_tmp.write_text(line + "\n")
-    os.replace(pub_tmp, pub)
-    os.replace(tmp, path)
+    private_file.write_bytes(path, secret)
+    private_file.write_text(pub, line + "\n")
     return line

@@ -12,7 +12,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from devbox import paths
+from devbox import paths, private
 
 
 def alias(box_name: str) -> str:
@@ -21,8 +21,9 @@ def alias(box_name: str) -> str:
 
 @contextlib.contextmanager
 def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    private.ensure_dir(path.parent)
     fd = os.open(path.with_name(path.name + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    os.fchmod(fd, 0o600)  # an older devbox made it 0644
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)  # concurrent `devbox up`s must not drop each other's pins
         yield
@@ -38,9 +39,7 @@ def _read(path: Path) -> list[str]:
 
 
 def _write(path: Path, lines: list[str]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(line + "\n" for line in lines))
-    os.replace(tmp, path)
+    private.write_text(path, "".join(line + "\n" for line in lines))
 
 
 def pin(box_name: str, host_key: str, path: Path | None = None) -> None:

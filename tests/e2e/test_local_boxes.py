@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import re
 import signal
 import subprocess
@@ -11,7 +12,7 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from tests.conftest import User
+from tests.conftest import User, new_gpu_namespace
 
 
 def _ls(user: User) -> dict[str, dict[str, object]]:
@@ -99,8 +100,13 @@ def test_gpus_are_exclusive_and_visible_in_sessions(user: User) -> None:
 
     too_many = user.devbox("up", "gb", "--gpus", "2", "--no-attach")
     assert too_many.returncode == 1
+    # The refusal names who holds each taken GPU, as the kernel tells it (SO_PEERCRED).
+    pid = (user.box_dir("ga") / "agent.lock").read_text()
+    who = f"held by uid {os.getuid()} ({pwd.getpwuid(os.getuid()).pw_name}), pid {pid}"
+    gpu0, gpu1 = a["gpu_ids"]  # type: ignore[misc]
     assert too_many.stderr.decode() == (
-        "devbox: error: asked for 2 GPU(s) but only 1 of 3 are free\n"
+        "devbox: error: asked for 2 GPU(s) but only 1 of 3 are free: "
+        f"GPU 0 ({gpu0}) is {who}; GPU 1 ({gpu1}) is {who}\n"
     )
     b = user.up("gb", "--gpus", "1")
     assert set(b["gpu_ids"]).isdisjoint(a["gpu_ids"])  # type: ignore[arg-type]
@@ -122,9 +128,10 @@ def test_more_gpus_than_the_machine_has(user: User) -> None:
     assert "big" not in _ls(user)
 
 
-def test_two_users_never_share_a_gpu(user_factory, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    locks = tmp_path / "machine-gpu-locks"
-    alice, bob = user_factory("alice", gpu_lock_dir=locks), user_factory("bob", gpu_lock_dir=locks)
+def test_two_users_never_share_a_gpu(user_factory) -> None:  # type: ignore[no-untyped-def]
+    machine = new_gpu_namespace()
+    alice = user_factory("alice", gpu_namespace=machine)
+    bob = user_factory("bob", gpu_namespace=machine)
     alice.gpus(2)
     bob.gpus(2)
     a = alice.up("mine", "--gpus", "1")

@@ -13,7 +13,7 @@ import socket
 import time
 from pathlib import Path
 
-from devbox import names, paths, profiles, protocol
+from devbox import names, paths, private, profiles, protocol
 from devbox.backends.local.launcher import start_agent
 from devbox.backends.local.store import BoxStore
 from devbox.boxes import Box, BoxSpec, BoxState, Multiplexer
@@ -31,7 +31,14 @@ class LocalBackend:
 
     def __init__(self, *, config: Config, root: Path | None = None) -> None:
         self.config = config
-        self.store = BoxStore(root or paths.state_dir() / "local")
+        if root is None:
+            # The state folder holds known_hosts and the autoscaler's state too: close it
+            # all, and what an older devbox left readable in it.
+            root = private.ensure_dir(paths.state_dir()) / "local"
+            private.tighten_folder(root.parent)
+            private.tighten_folder(root.parent / "sync")
+        self.store = BoxStore(root)
+        self.store.secure()
         self._problems: list[str] = []
 
     # --- profiles -------------------------------------------------------------------
@@ -73,7 +80,7 @@ class LocalBackend:
         owner_key = ensure_user_key()
         box = self._reserve(spec, name)
         folder = self.store.box_dir(box.name)
-        (folder / "authorized_key").write_text(owner_key + "\n")
+        private.write_text(folder / "authorized_key", owner_key + "\n")
         # A box gets a new host key each time it is claimed; the old pin goes with it.
         (folder / "host_key").unlink(missing_ok=True)
         try:
@@ -121,7 +128,8 @@ class LocalBackend:
             and time.time() - box.created_at < self.config.start_timeout
         ):
             return box
-        # The kernel released the agent's GPU locks when it died; say so, keep the record.
+        # The kernel dropped the agent's GPU names (devbox.gpulocks) when it died, and no
+        # other process can have inherited them: say so, keep the record.
         return dataclasses.replace(
             box,
             state=BoxState.FAILED,

@@ -8,7 +8,7 @@ import shutil
 import time
 from pathlib import Path
 
-from devbox import paths
+from devbox import paths, private
 from devbox.autoscaler import policy
 from devbox.autoscaler.loop import Snapshot
 from devbox.autoscaler.state import State, loads
@@ -112,7 +112,5 @@ class LocalWorld:
 
     def save_state(self, text: str) -> None:
         path = state_file()
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(text)
-        tmp.replace(path)
+        private.ensure_dir(path.parent)
+        private.write_text(path, text)

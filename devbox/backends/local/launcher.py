@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from devbox import paths, protocol
+from devbox import gpulocks, private, protocol
 from devbox.errors import DevboxError, ResourceError, UsageError
 
 
@@ -45,7 +45,7 @@ def start_agent(
     *, name: str, folder: Path, gpus: int, port: int, multiplexer: str, timeout: float
 ) -> Ready:
     home = folder / "home"
-    home.mkdir(parents=True, exist_ok=True)
+    private.ensure_dir(home)  # other users of the machine must not read the box's files
     read_fd, write_fd = os.pipe()
     argv = [
         sys.executable,
@@ -64,8 +64,8 @@ def start_agent(
         str(port),
         "--gpus",
         str(gpus),
-        "--gpu-lock-dir",
-        str(paths.gpu_lock_dir()),
+        "--gpu-namespace",
+        gpulocks.namespace(),
         "--lock-file",
         str(folder / "agent.lock"),
         "--activity-file",
@@ -77,7 +77,7 @@ def start_agent(
         "--ready-fd",
         str(write_fd),
     ]
-    with open(folder / "agent.log", "ab") as log:
+    with os.fdopen(private.open_append(folder / "agent.log"), "ab") as log:
         proc = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,

@@ -5,6 +5,8 @@ boxes/NAME/agent.lock    held by the agent for its whole life: free lock = dead 
 boxes/NAME/activity.json the agent's view of user activity
 boxes/NAME/alerts.json   model alerts raised by devbox.probe in the box (NaN, exploding, ...)
 boxes/NAME/home/         the box's home folder; kept when the box goes down
+
+Folders are 0700 and files 0600 (devbox.private): other users of the machine read none of it.
 """
 
 from __future__ import annotations
@@ -16,12 +18,23 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from devbox import private
 from devbox.boxes import Box
 from devbox.errors import StateError
 from devbox.locks import lock_held
-from devbox.protocol import Activity
+from devbox.protocol import PROBE_POINTER_FILE, Activity
 
 RECORD = "box.json"
+# What a box folder holds besides its home; an older devbox left them 0644.
+BOX_FILES = (
+    RECORD,
+    "agent.lock",
+    "agent.log",
+    "activity.json",
+    "alerts.json",
+    "authorized_key",
+    "host_key",
+)
 
 
 class BoxStore:
@@ -32,11 +45,30 @@ class BoxStore:
     def box_dir(self, name: str) -> Path:
         return self.boxes / name
 
+    def secure(self) -> None:
+        """Make this tree private, tightening one an older devbox left readable (0755/0644);
+        a box's home is closed (0700) but what the user keeps in it is theirs to mode."""
+        private.ensure_dir(self.boxes)
+        private.tighten([self.root / "claim.lock"])
+        for folder in self._folders():
+            private.tighten([folder, folder / "home", *(folder / f for f in BOX_FILES)])
+            # The agent's own folder in the home: the probe pointer and the runs' records.
+            private.tighten_folder((folder / "home" / PROBE_POINTER_FILE).parent)
+
+    def _folders(self) -> list[Path]:
+        try:
+            return [p for p in self.boxes.iterdir() if p.is_dir() and not p.is_symlink()]
+        except FileNotFoundError:
+            return []
+
+    def make_box_dir(self, name: str) -> Path:
+        return private.ensure_dir(self.box_dir(name))
+
     @contextlib.contextmanager
     def locked(self) -> Iterator[None]:
         """Serialises check-then-create of names among concurrent `devbox up`s."""
-        self.boxes.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.root / "claim.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        private.ensure_dir(self.boxes)
+        fd = os.open(self.root / "claim.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
@@ -62,11 +94,8 @@ class BoxStore:
             ) from None
 
     def write(self, box: Box) -> None:
-        folder = self.box_dir(box.name)
-        folder.mkdir(parents=True, exist_ok=True)
-        tmp = folder / (RECORD + ".tmp")
-        tmp.write_text(json.dumps(box.to_json(), indent=1))
-        os.replace(tmp, folder / RECORD)
+        folder = self.make_box_dir(box.name)
+        private.write_text(folder / RECORD, json.dumps(box.to_json(), indent=1))
 
     def remove(self, name: str) -> None:
         with contextlib.suppress(FileNotFoundError):
