@@ -19,11 +19,12 @@ from pathlib import Path
 from typing import Any
 
 import asyncssh
+from asyncssh.kex import get_kex_algs
 
-from agent import shell
+from agent import preauth, shell
 from agent.probehub import ProbeHub
 from agent.telemetry import Telemetry
-from devbox import protocol
+from devbox import private, protocol
 from devbox.boxes import Multiplexer
 from devbox.runs.record import RUNS_ENV
 
@@ -44,12 +45,38 @@ _DROP_ENV = (
 )
 # Client-sent variables accepted, as OpenSSH's default AcceptEnv LANG LC_*.
 _ACCEPT_ENV_PREFIXES = ("LANG", "LC_")
+# What the agent offers, chosen so that ssh-audit finds no failure (asyncssh's defaults
+# fail 9 checks: SHA-1, 1024-bit group exchange, NIST curves) and every client devbox
+# meets connects: OpenSSH >= 6.5 (scp, sftp, rsync, git, VS Code), asyncssh, paramiko >= 2.7.
+# Key exchange: the post-quantum hybrids first where this asyncssh has them (mlkem768 for
+# devbox's own client and OpenSSH >= 9.9, sntrup761 for OpenSSH >= 8.5 when liboqs is
+# installed), then X25519. No finite-field Diffie-Hellman: it would let any unauthenticated
+# peer make the agent do a 4096-bit modular exponentiation for free (DHEat, CVE-2002-20001),
+# and every client above has X25519. asyncssh adds kex-strict-s-v00@openssh.com itself
+# (Terrapin, CVE-2023-48795) and ext-info-s.
+_KEX_WANTED = (
+    "mlkem768x25519-sha256",
+    "sntrup761x25519-sha512",
+    "sntrup761x25519-sha512@openssh.com",
+    "curve25519-sha256",
+    "curve25519-sha256@libssh.org",
+)
 _CIPHERS = [
     "aes128-ctr",
     "aes256-ctr",
     "aes128-gcm@openssh.com",
     "aes256-gcm@openssh.com",
     "aes192-ctr",
+]
+# Encrypt-then-MAC first (OpenSSH takes umac-128-etm, as fast here as the umac-64-etm it
+# took before); the plain SHA-2 MACs stay for clients with AES-CTR and no EtM (older Go
+# x/crypto/ssh and JSch). No SHA-1, no 64-bit tags.
+_MACS = [
+    "umac-128-etm@openssh.com",
+    "hmac-sha2-256-etm@openssh.com",
+    "hmac-sha2-512-etm@openssh.com",
+    "hmac-sha2-256",
+    "hmac-sha2-512",
 ]
 # The activity file is rewritten at most this often; input can arrive per keystroke.
 ACTIVITY_WRITE_INTERVAL = 1.0
@@ -149,9 +176,7 @@ class Activity:
         if self.path is None or (not force and now - self._written < ACTIVITY_WRITE_INTERVAL):
             return
         self._written = now
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.snapshot()))
-        os.replace(tmp, self.path)
+        private.write_text(self.path, json.dumps(self.snapshot()))
 
 
 class Agent:
@@ -162,6 +187,9 @@ class Agent:
         self.tasks: set[asyncio.Task[Any]] = set()
         self.telemetry: Telemetry | None = None
         self.probe_hub: ProbeHub | None = None
+        # Unauthenticated connections: capped, counted, logged once per interval.
+        self.preauth_log = preauth.Tally()
+        self.gate = preauth.Gate(self.preauth_log)
         self._user = pwd.getpwuid(os.getuid())
 
     # --- sessions -------------------------------------------------------------------
@@ -221,6 +249,7 @@ class Agent:
         task = asyncio.current_task()
         if task:
             self.tasks.add(task)
+        log.info("session: %s", _describe(process))
         if process.subsystem is not None:
             # Not a user at work: a dashboard watching an idle box must not keep it alive.
             try:
@@ -290,9 +319,23 @@ class Agent:
             await shell.run_on_pipes(process, launch)
 
 
+def _describe(process: shell.Process) -> str:
+    """What a session is, for the log, without what it runs: a command line can carry a
+    token (`TOKEN=... cmd`, `curl -H ...`), so not even its first word is logged."""
+    if process.subsystem is not None:
+        return f"subsystem {process.subsystem[:32]!r}"
+    if process.command is not None:
+        return f"exec ({len(process.command.encode())} bytes)"
+    return "shell" if process.get_terminal_type() is not None else "shell without a terminal"
+
+
 class _SFTPServer(asyncssh.SFTPServer):
     """asyncssh's SFTP server, plus an exit status when the session ends: without one,
     OpenSSH's scp (which speaks SFTP) reports failure after a complete copy."""
+
+    def __init__(self, chan: asyncssh.SSHServerChannel[bytes]) -> None:
+        super().__init__(chan)
+        log.info("session: sftp")
 
     def exit(self) -> None:
         super().exit()
@@ -334,22 +377,32 @@ class _Server(asyncssh.SSHServer):
     def __init__(self, agent: Agent) -> None:
         self._agent = agent
         self._conn: asyncssh.SSHServerConnection | None = None
+        self._peer = "unknown"
         self._refreshed = False
 
     def connection_made(self, conn: asyncssh.SSHServerConnection) -> None:
         self._conn = conn
+        self._peer = preauth.peer_of(
+            conn.get_extra_info("peername"), conn.get_extra_info("sockname")
+        )
+        self._agent.gate.admit(conn, self._peer)
         self._agent.connections.add(conn)
         _ack_at_once(conn)
 
     def auth_completed(self) -> None:
         if self._conn is not None:
+            self._agent.gate.authenticated(self._conn)
             _ack_at_once(self._conn, stop=True)
+        log.info("owner logged in (%s)", self._peer)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self._conn is not None:
+            self._agent.gate.lost(self._conn)
             self._agent.connections.discard(self._conn)
 
     def begin_auth(self, username: str) -> bool:
+        if self._conn is not None:
+            self._agent.gate.asked(self._conn)
         return True
 
     def password_auth_supported(self) -> bool:
@@ -371,7 +424,13 @@ class _Server(asyncssh.SSHServer):
             await refresh()
             accepted = self._is_owner(key)
         if not accepted:
-            log.warning("refused key %s for %s: not the owner's", key.get_fingerprint(), username)
+            # Counted, and logged in full only a few times per interval: anyone may offer
+            # keys. The user name is the client's word: cut short and quoted.
+            self._agent.preauth_log.note(
+                "keys refused",
+                self._peer,
+                f"refused key {key.get_fingerprint()} for {username[:32]!r}: not the owner's",
+            )
         return accepted
 
     def _is_owner(self, key: asyncssh.SSHKey) -> bool:
@@ -407,7 +466,9 @@ async def serve(
     server = await asyncssh.listen(
         sock=sock,
         server_factory=lambda: _Server(agent),
-        server_host_keys=[str(host_key)],
+        # Read once, here: an in-pod agent then becomes its owner's uid, and the file
+        # stays root's (asyncssh would otherwise read it again for every connection).
+        server_host_keys=[asyncssh.read_private_key(host_key)],
         process_factory=agent.handle,
         sftp_factory=_SFTPServer,
         allow_scp=True,
@@ -423,7 +484,9 @@ async def serve(
         # Offering only AES leaves every OpenSSH >= 6.2, VS Code and asyncssh client able
         # to connect.
         encryption_algs=_CIPHERS,
-        login_timeout=30,
+        kex_algs=_kex_algs(),
+        mac_algs=_MACS,
+        login_timeout=agent.gate.grace,
         keepalive_interval=30,
     )
     log.info("serving %s on %s", agent.box.name, sock.getsockname())
@@ -441,3 +504,10 @@ async def serve(
         task.cancel()
     await asyncio.gather(*agent.tasks, return_exceptions=True)
     await server.wait_closed()
+    agent.preauth_log.close()
+
+
+def _kex_algs() -> list[str]:
+    """The key exchanges wanted that this asyncssh has (the hybrids depend on libraries)."""
+    have = {alg.decode() for alg in get_kex_algs()}
+    return [alg for alg in _KEX_WANTED if alg in have]
