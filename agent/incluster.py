@@ -9,24 +9,18 @@ import logging
 import os
 import threading
 import time
+from pathlib import Path
 
 import asyncssh
 
 from agent.hostkey import fingerprint
 from agent.kube import PodLink, heartbeat_forever
+from agent.owner import OwnerError, become
 from agent.server import Agent
 from devbox import protocol
 from devbox.boxes import release_warning
 
 log = logging.getLogger("devbox.agent.incluster")
-
-
-def _owner_dir(owner: str) -> str:
-    # Label values are already restricted to [A-Za-z0-9._-]; refuse anything that could
-    # climb out of the homes folder all the same.
-    if not owner or owner in (".", "..") or "/" in owner:
-        raise ValueError(f"unusable owner {owner!r}")
-    return owner
 
 
 async def start_link(agent: Agent, args: argparse.Namespace, *, host_line: str) -> threading.Event:
@@ -54,24 +48,42 @@ async def start_link(agent: Agent, args: argparse.Namespace, *, host_line: str) 
     stop = threading.Event()
     adopted: dict[str, str] = {}
 
+    def refuse(what: str, line: str) -> None:
+        # Once per new value: a watch replays the pod on every change.
+        if adopted.get(f"refused-{what}") == line:
+            return
+        adopted[f"refused-{what}"] = line
+        message = f"refused a new {what} on this pod: a box keeps the one its claim named"
+        log.warning("%s", message)
+        loop.run_in_executor(None, link.event, protocol.EVENT_OWNER_KEY_REFUSED, message)
+
     def apply(labels: dict[str, str], annotations: dict[str, str]) -> None:
         key_line = annotations.get(protocol.ANN_OWNER_KEY, "")
-        owner = labels.get(protocol.LABEL_OWNER, "")
-        if not key_line or not owner or adopted.get("key") == key_line:
+        owner_name = annotations.get(protocol.ANN_OWNER_NAME, "")
+        if not key_line or not owner_name:
+            return
+        if "key" in adopted:
+            # The key seen at the claim is the box's for good: one written later, by
+            # whoever could patch the pod, is refused and reported, never adopted.
+            if key_line != adopted["key"]:
+                refuse("owner key", key_line)
+            if owner_name != adopted["owner"]:
+                refuse("owner", owner_name)
             return
         try:
             key = asyncssh.import_public_key(key_line)
-            home = args.home_root / _owner_dir(owner)
-        except (asyncssh.KeyImportError, ValueError) as exc:
+            home = _take_owner(owner_name)
+        except (asyncssh.KeyImportError, OwnerError, OSError) as exc:
             log.error("cannot adopt the owner named on my pod: %s", exc)
+            loop.run_in_executor(None, link.event, protocol.EVENT_OWNER_REFUSED, str(exc))
+            adopted["key"], adopted["owner"] = key_line, owner_name  # and no other, ever
             return
-        home.mkdir(parents=True, exist_ok=True)
         os.chdir(home)  # the SFTP server serves relative paths from here
         box = agent.box
         box.owner_key, box.home = key, home
         box.name = labels.get(protocol.LABEL_BOX) or box.name
-        adopted["key"] = key_line
-        log.info("adopted owner %s (%s) for box %s", owner, key.get_fingerprint(), box.name)
+        adopted["key"], adopted["owner"] = key_line, owner_name
+        log.info("adopted the owner's key %s for box %s", key.get_fingerprint(), box.name)
         # Off the event loop: the API call blocks. The claimer waits for this answer.
         loop.run_in_executor(
             None,
@@ -81,6 +93,23 @@ async def start_link(agent: Agent, args: argparse.Namespace, *, host_line: str) 
                 protocol.ANN_ACK_AT: f"{time.time():.3f}",
             },
         )
+
+    def _take_owner(owner_name: str) -> Path:
+        if args.become_owner:
+            if os.geteuid() != 0:
+                # Fail closed: as a shared uid every box could read every home.
+                raise OwnerError("cannot become the owner's uid: the agent is not root")
+            hub = agent.probe_hub
+            # The socket before its folder: root here has no capability to pass through
+            # a folder that is no longer its own.
+            probe = (hub.path, hub.path.parent) if hub is not None else ()
+            # The login name from the owner's name, as the backend labels it: never the
+            # label itself, which the claimer writes.
+            login = protocol.owner_label(owner_name)
+            return become(owner_name, login, args.home_root, also_own=probe)
+        home: Path = args.home_root / protocol.home_folder(owner_name)
+        home.mkdir(mode=0o700, parents=True, exist_ok=True)
+        return home
 
     def warn(annotations: dict[str, str]) -> None:
         # The autoscaler's warning reaches the user where they work: their session.

@@ -42,6 +42,32 @@ class PodLink:
         )
         self._uid = pod.metadata.uid
 
+    def event(self, reason: str, message: str) -> None:
+        """A Warning Event on the pod: what `kubectl describe pod` and the owner's
+        `devbox up` show. Never fatal: a refusal stands whether or not it is reported."""
+        now = datetime.datetime.now(datetime.UTC)
+        body = {
+            "metadata": {"generateName": f"{self.pod}.", "namespace": self.namespace},
+            "involvedObject": {
+                "kind": "Pod",
+                "name": self.pod,
+                "namespace": self.namespace,
+                "uid": self._uid,
+                "apiVersion": "v1",
+            },
+            "reason": reason,
+            "message": message,
+            "type": "Warning",
+            "source": {"component": "devbox-agent"},
+            "firstTimestamp": now.isoformat(),
+            "lastTimestamp": now.isoformat(),
+            "count": 1,
+        }
+        try:
+            self.core.create_namespaced_event(self.namespace, body)
+        except Exception as exc:
+            log.warning("could not post event %s: %s", reason, exc)
+
     def read(self) -> tuple[dict[str, str], dict[str, str], str]:
         pod = self.core.read_namespaced_pod(self.pod, self.namespace)
         self._uid = pod.metadata.uid

@@ -11,6 +11,8 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import re
+import unicodedata
 from dataclasses import dataclass
 from typing import Any, NotRequired, TypedDict
 
@@ -251,6 +253,10 @@ LABEL_OWNER = "devbox.io/owner"
 LABEL_PROFILE = "devbox.io/profile"
 LABEL_STATE = "devbox.io/state"  # "warm" (unclaimed pool pod) or "claimed"
 ANN_OWNER_KEY = "devbox.io/owner-key"  # written by the claimer: the one key the agent accepts
+# Written by the claimer: the owner's user name as the API server knows it. The admission
+# policy (images/k8s/policies.yaml) makes it equal to the user who creates or claims the
+# box; LABEL_OWNER is only its selectable encoding (owner_label).
+ANN_OWNER_NAME = "devbox.io/owner-name"
 ANN_HOST_KEY = "devbox.io/host-key"  # written by the agent: its public host key line
 ANN_HOST_KEY_FP = "devbox.io/host-key-fingerprint"
 ANN_OWNER_ACK = "devbox.io/owner-ack"  # written by the agent: fingerprint of the key it adopted
@@ -272,6 +278,30 @@ ANN_CLAIMED_AT = "devbox.io/claimed-at"  # written by the claimer: unix seconds
 ANN_ACK_AT = "devbox.io/owner-ack-at"  # written by the agent with ANN_OWNER_ACK
 ANN_ALERTS = "devbox.io/alerts"  # written by the agent: devbox.probe's alerts, alerts_cell()
 SSH_PORT = 2222  # the agent's port inside a pod; reached only through port-forward
+# Events the agent posts on its pod when something is refused (an owner key changed after
+# the claim): the reason, as `kubectl get events` shows it.
+EVENT_OWNER_KEY_REFUSED = "OwnerKeyChangeRefused"
+EVENT_OWNER_REFUSED = "OwnerRefused"  # the owner's home or uid is not theirs to take
+OWNER_HASH_CHARS = 10  # 40 bits of sha256: no two users of one cluster share a label
+
+
+def owner_label(username: str) -> str:
+    """A label value that names one user only: a readable part and a hash of the whole name.
+
+    Label values are 63 characters of [A-Za-z0-9._-], so the readable part alone would
+    make `jürgen` and `jörgen` one owner (and every CJK name another); the hash keeps
+    them apart, the readable part keeps `kubectl get pods -L devbox.io/owner` useful."""
+    folded = unicodedata.normalize("NFKD", username).encode("ascii", "ignore").decode()
+    readable = re.sub(r"[^a-z0-9]+", "-", folded.lower()).strip("-")[:40].strip("-")
+    digest = hashlib.sha256(username.encode()).hexdigest()[:OWNER_HASH_CHARS]
+    return f"{readable}-{digest}" if readable else f"u-{digest}"
+
+
+def home_folder(username: str) -> str:
+    """A user's folder on the shared homes volume: the name itself, with only `%` and `/`
+    escaped, behind a prefix that no `.` or `..` can be. One-to-one, and simple enough
+    that the admission policy computes it in CEL from the requester's name."""
+    return "u-" + username.replace("%", "%25").replace("/", "%2F")
 
 
 def activity_annotations(activity: Activity) -> dict[str, str]:

@@ -15,7 +15,8 @@ VENV=/opt/devbox/venv
 PACKAGES="python3 python3-venv python3-pip screen tmux openssh-client rsync git ca-certificates
 locales less vim-tiny"
 LOCALE=en_US.UTF-8
-# The pod's securityContext runs the box as uid 1000 (runAsNonRoot).
+# A non-root login for a look inside the image (docker run --user 1000). Boxes run as
+# their owner's own uid, which the agent makes when a claim names the owner.
 USER_NAME=dev
 USER_ID=1000
 

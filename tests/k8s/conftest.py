@@ -3,6 +3,8 @@ per test with the agent's RBAC applied by kubectl, and a devbox user pointed at 
 
 from __future__ import annotations
 
+import base64
+import datetime
 import fcntl
 import json
 import os
@@ -10,11 +12,17 @@ import secrets
 import shutil
 import subprocess
 import tempfile
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import yaml
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from tests.conftest import REPO, User, make_user
 
@@ -64,8 +72,9 @@ def _start(folder: Path | None = None) -> Cluster:
     where = folder or CLUSTER_DIR
     made = Cluster(where / "kubeconfig", where / "kubeconfig-restricted", Path(bin_dir) / "kubectl")
     # The administrator's one-time objects, as images/k8s documents them.
-    applied = made.kubectl_run("apply", "-f", str(REPO / "images/k8s/cluster.yaml"))
-    assert applied.returncode == 0, applied.stderr
+    for objects in ("cluster.yaml", "policies.yaml"):
+        applied = made.kubectl_run("apply", "-f", str(REPO / "images/k8s" / objects))
+        assert applied.returncode == 0, applied.stderr
     return made
 
 
@@ -112,12 +121,90 @@ def new_namespace(cluster: Cluster, *, agent_rbac: bool = True) -> str:
     ns = f"t-{secrets.token_hex(4)}"
     created = cluster.kubectl_run("create", "namespace", ns)
     assert created.returncode == 0, created.stderr
+    # Every test namespace is as the README tells an administrator to make one: the
+    # admission policies apply (those who act as cluster admins are not checked).
+    labelled = cluster.kubectl_run("label", "namespace", ns, "devbox.io/policy=enforce")
+    assert labelled.returncode == 0, labelled.stderr
     if agent_rbac:
         applied = cluster.kubectl_run(
             "apply", "-n", ns, "-f", str(REPO / "images/k8s/agent-rbac.yaml")
         )
         assert applied.returncode == 0, applied.stderr
     return ns
+
+
+LAB = "devbox-lab"  # the group every lab member's certificate names
+
+
+def lab_namespace(cluster: Cluster) -> str:
+    """A namespace as the README sets one up: the user Role bound to the lab's group."""
+    ns = new_namespace(cluster)
+    role = cluster.kubectl_run("apply", "-n", ns, "-f", str(REPO / "images/k8s/user-role.yaml"))
+    assert role.returncode == 0, role.stderr
+    bound = cluster.kubectl_run(
+        "create", "rolebinding", "devbox-users", "-n", ns, "--role", "devbox-user", "--group", LAB
+    )
+    assert bound.returncode == 0, bound.stderr
+    # The autoscaler is installed here too: its account is one a user might try to use.
+    account = cluster.kubectl_run("create", "serviceaccount", "devbox-autoscaler", "-n", ns)
+    assert account.returncode == 0, account.stderr
+    return ns
+
+
+def identity_kubeconfig(cluster: Cluster, folder: Path, username: str, group: str) -> Path:
+    """A kubeconfig whose client certificate (signed by the test cluster's CA) makes the
+    API server authenticate `username` in `group`: a distinct Kubernetes user."""
+    pki = next((cluster.kubeconfig.parent / "kwok/clusters").glob("*/pki"))
+    with warnings.catch_warnings():  # kwokctl's CA has a serial RFC 5280 frowns upon
+        warnings.simplefilter("ignore")
+        ca_cert = x509.load_pem_x509_certificate((pki / "ca.crt").read_bytes())
+    ca_key = serialization.load_pem_private_key((pki / "ca.key").read_bytes(), password=None)
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.datetime.now(datetime.UTC)
+    subject = x509.Name(
+        [
+            x509.NameAttribute(NameOID.ORGANIZATION_NAME, group),
+            x509.NameAttribute(NameOID.COMMON_NAME, username),
+        ]
+    )
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(subject)
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())  # type: ignore[arg-type]
+    )
+    admin = yaml.safe_load(cluster.kubeconfig.read_text())
+    server = admin["clusters"][0]["cluster"]
+    pem = cert.public_bytes(serialization.Encoding.PEM)
+    key_pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "test", "cluster": server}],
+        "users": [
+            {
+                "name": "me",
+                "user": {
+                    "client-certificate-data": base64.b64encode(pem).decode(),
+                    "client-key-data": base64.b64encode(key_pem).decode(),
+                },
+            }
+        ],
+        "contexts": [{"name": "me", "context": {"cluster": "test", "user": "me"}}],
+        "current-context": "me",
+    }
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+    return path
 
 
 def configure(user: User, namespace: str, kubeconfig: Path) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from devbox.protocol import home_folder
 from tests.conftest import REPO, make_user
 from tests.k8s.conftest import Cluster, KubeUser, configure, kube_user, new_namespace
 from tests.waiting import wait_until
@@ -45,7 +46,7 @@ def test_up_ssh_and_openssh_through_the_port_forward(kube: KubeUser) -> None:
     plain = kube.user.ssh("k1.devbox", "echo $DEVBOX_BOX; pwd")
     assert plain.returncode == 0, plain.stderr
     name, home = plain.stdout.decode().split()
-    assert name == "k1" and home.endswith("/" + box["owner"])
+    assert name == "k1" and home.endswith("/" + home_folder(box["owner"]))
     listing = json.loads(kube.devbox("ls", "--json", check=True).stdout)
     assert [(b["name"], b["state"]) for b in listing] == [("k1", "running")]
     kube.devbox("down", "k1", check=True)
@@ -114,7 +115,9 @@ def test_agent_publishes_and_heartbeats(kube: KubeUser) -> None:
         what="the agent's acknowledgement of its owner",
         every=0.2,
     )
-    assert pod()["spec"]["securityContext"]["runAsNonRoot"] is True
+    # Pod Security baseline: no runAsUser, so the token stays readable once the agent is
+    # its owner's uid (pods.box_pod).
+    assert "runAsUser" not in pod()["spec"]["securityContext"]
     deadline = time.monotonic() + 30
     while True:
         lease = kube.cluster.kubectl_run(

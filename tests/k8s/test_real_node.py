@@ -16,10 +16,22 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+from agent.owner import owner_uid
+from devbox.protocol import home_folder
 from tests import nvml_sim
 from tests.conftest import REPO, make_user
-from tests.k8s.conftest import CLUSTER_DIR, Cluster, KubeUser, configure, new_namespace
+from tests.k8s.conftest import (
+    CLUSTER_DIR,
+    LAB,
+    Cluster,
+    KubeUser,
+    configure,
+    identity_kubeconfig,
+    lab_namespace,
+    new_namespace,
+)
 from tests.waiting import wait_until
 
 NODE = "devbox-real-node"
@@ -161,17 +173,17 @@ def test_inside_the_container(rk: KubeUser) -> None:
         "inside",
         "tr '\\0' ' ' </proc/1/cmdline; echo; id -u; "
         "grep -E '^(CapEff|CapBnd|Seccomp|NoNewPrivs):' /proc/self/status; "
-        'awk \'$5 == "/homes" {print "homes-mount", $9}\' /proc/self/mountinfo; pwd',
+        'awk \'$5 ~ "^/homes" {print "homes-mount", $9}\' /proc/self/mountinfo; pwd',
     )
     lines = out.splitlines()
     assert "devbox agent" in lines[0], lines[0]  # PID 1 is the agent
-    assert int(lines[1]) == 1000  # not root
+    assert int(lines[1]) == owner_uid(box["owner"])  # the owner's own uid, not root
     fields = dict(line.split(":\t") for line in lines[2:6])
     assert int(fields["CapEff"], 16) == 0 and int(fields["CapBnd"], 16) == 0
     assert fields["Seccomp"] == "2" and fields["NoNewPrivs"] == "1"
     assert lines[6].startswith("homes-mount "), out  # the home is a real volume mount
     home = lines[7]
-    assert home == f"/homes/{box['owner']}"
+    assert home == f"/homes/{home_folder(box['owner'])}"
     _in_box(rk, "inside", "echo kept-across-boxes > notes.txt")
     rk.devbox("down", "inside", check=True, timeout=120)
     _up(rk, "inside", "--profile", "real")
@@ -306,22 +318,24 @@ def test_down_ends_every_process_of_the_box(rk: KubeUser) -> None:
     wait_until(lambda: not any(_alive(p) for p in pids), timeout=60, what="every process to end")
 
 
-def test_a_restricted_namespace_admits_boxes(
+def test_a_baseline_namespace_admits_boxes(
     real_node: Path, cluster: Cluster, tmp_path: Path, nvml_lib_dir: Path
 ) -> None:
+    """Pod Security "baseline" is what boxes need: the agent starts as root with five
+    capabilities of baseline's list, to become its owner's uid (agent/owner.py)."""
     ns = new_namespace(cluster)
     labelled = cluster.kubectl_run(
-        "label", "namespace", ns, "pod-security.kubernetes.io/enforce=restricted"
+        "label", "namespace", ns, "pod-security.kubernetes.io/enforce=baseline"
     )
     assert labelled.returncode == 0, labelled.stderr
-    kube = _real_user(cluster, tmp_path / "restricted", nvml_lib_dir, ns=ns)
+    kube = _real_user(cluster, tmp_path / "baseline", nvml_lib_dir, ns=ns)
     try:
         _up(kube, "strict", "--profile", "real")
         assert _in_box(kube, "strict", "echo admitted") == "admitted\n"
-        # The namespace does refuse what restricted forbids: this is not a no-op.
+        # The namespace does refuse what baseline forbids: this is not a no-op.
         bad = cluster.kubectl_run(
-            "run", "root-pod", "-n", ns, "--image=devbox/box:test", "--restart=Never",
-            "--overrides", '{"spec":{"securityContext":{"runAsUser":0}}}',
+            "run", "priv-pod", "-n", ns, "--image=devbox/box:test", "--restart=Never",
+            "--overrides", '{"spec":{"hostPID":true}}',
         )  # fmt: skip
         assert bad.returncode != 0 and b"violates PodSecurity" in bad.stderr, bad.stderr
     finally:
@@ -401,3 +415,99 @@ def test_an_autoscaler_release_ends_every_process_of_the_box(rk: KubeUser, tmp_p
         scaler.wait(timeout=30)
     assert "released" in log.read_text(), log.read_text()[-2000:]
     wait_until(lambda: not any(_alive(p) for p in pids), timeout=60, what="every process to end")
+
+
+def _real_person(
+    cluster: Cluster, folder: Path, nvml_lib_dir: Path, ns: str, name: str
+) -> KubeUser:
+    """A lab member of their own Kubernetes identity, with the real node's profiles."""
+    kube = _real_user(cluster, folder, nvml_lib_dir, ns=ns)
+    kube.user.env["KUBECONFIG"] = str(identity_kubeconfig(cluster, folder / "kube", name, LAB))
+    return kube
+
+
+def _token_kubeconfig(cluster: Cluster, token: str, folder: Path) -> Path:
+    config = yaml.safe_load(cluster.kubeconfig.read_text())
+    config["users"] = [{"name": "stolen", "user": {"token": token}}]
+    for context in config["contexts"]:
+        context["context"]["user"] = "stolen"
+    path = folder / "stolen-kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_bob_cannot_read_or_write_alices_home(
+    real_node: Path, cluster: Cluster, tmp_path: Path, nvml_lib_dir: Path
+) -> None:
+    """Warm pods mount the whole homes volume (their owner is not known when they start);
+    each agent becomes its owner's uid, and a home is that uid's 0700 folder. A box made
+    for its owner mounts that owner's folder only."""
+    ns = lab_namespace(cluster)
+    admin = _real_user(cluster, tmp_path / "admin", nvml_lib_dir, ns=ns)
+    alice = _real_person(cluster, tmp_path / "alice", nvml_lib_dir, ns, "alice")
+    bob = _real_person(cluster, tmp_path / "bob", nvml_lib_dir, ns, "bob")
+    try:
+        admin.devbox("pool", "warm", "--profile", "real", "--size", "2", timeout=360, check=True)
+        aw, bw = _up(alice, "aw", "--profile", "real"), _up(bob, "bw", "--profile", "real")
+        assert aw["extra"]["pod"].startswith("devbox-warm-") and bw["extra"]["pod"].startswith(
+            "devbox-warm-"
+        )
+        # Even a file alice left world-readable, in a world-readable folder of her home.
+        _in_box(alice, "aw", "umask 022; echo s3cret > secret.txt; mkdir open; echo hi > open/f")
+        out = _in_box(
+            bob,
+            "bw",
+            "id -u; stat -c %a /homes; ls /homes 2>&1; cat /homes/u-alice/secret.txt 2>&1; "
+            "cat /homes/u-alice/open/f 2>&1; touch /homes/u-alice/planted 2>&1; echo end",
+        ).splitlines()
+        assert int(out[0]) == owner_uid("bob") != owner_uid("alice")
+        assert out[1] == "711" and "Permission denied" in out[2], out
+        assert all("Permission denied" in line for line in out[3:6]) and out[6] == "end", out
+        # A box made for bob (the pool is empty now) has no other home mounted at all.
+        _up(bob, "bc", "--profile", "real")
+        mounts = _in_box(
+            bob,
+            "bc",
+            "test -e /homes/u-alice && echo present || echo absent; "
+            "awk '$5 ~ \"^/homes\" {print $5}' /proc/self/mountinfo",
+        ).split()
+        assert mounts == ["absent", f"/homes/{home_folder('bob')}"], mounts
+        # The agent listens on the pod's loopback only: another pod finds nothing there.
+        listening = _in_box(alice, "aw", "awk '$4 == \"0A\" {print $2}' /proc/net/tcp").split()
+        assert listening == ["0100007F:08AE"], listening  # 127.0.0.1:2222, nothing else
+        pod = _pod(alice, aw["extra"]["pod"])
+        assert pod is not None
+        knock = _in_box(
+            bob,
+            "bc",
+            '/opt/devbox/venv/bin/python -c "import socket\ntry:\n'
+            f"    socket.create_connection(('{pod['status']['podIP']}', 2222), 3); print('open')\n"
+            'except OSError as e: print(type(e).__name__)"',
+        )
+        assert knock.strip() != "open", knock
+        # bob's session holds its agent's token: it can touch nothing of alice's, nor the
+        # owner key of bob's own box.
+        token = _in_box(bob, "bw", "cat /var/run/secrets/kubernetes.io/serviceaccount/token")
+        stolen = str(_token_kubeconfig(cluster, token.strip(), tmp_path))
+        for target, key in (
+            (aw["extra"]["pod"], "devbox.io/alerts"),
+            (bw["extra"]["pod"], "devbox.io/owner-key"),
+        ):
+            done = cluster.kubectl_run(
+                "annotate",
+                "--overwrite",
+                "-n",
+                ns,
+                "pod",
+                target,
+                f"{key}=x",
+                kubeconfig=Path(stolen),
+            )
+            assert done.returncode != 0 and b"devbox agent may change only" in done.stderr, (
+                done.stderr
+            )
+        assert _in_box(alice, "aw", "cat secret.txt; ls") == "s3cret\nopen\nsecret.txt\n"
+    finally:
+        cluster.kubectl_run("delete", "namespace", ns, "--wait=false")
+        for kube in (admin, alice, bob):
+            kube.user.stop_all()

@@ -5,7 +5,7 @@ its API server disturbs no other test."""
 from __future__ import annotations
 
 import contextlib
-import getpass
+import json
 import os
 import queue
 import signal
@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 
 from devbox.backends.kubernetes import KubernetesBackend
-from devbox.backends.kubernetes.pods import label_value
+from devbox.backends.kubernetes.identity import Identity
 from devbox.config import Config
 from tests.k8s.conftest import Cluster
 
 
-def _pod(name: str, box: str) -> str:
+def _pod(name: str, box: str, owner: Identity) -> str:
     return f"""apiVersion: v1
 kind: Pod
 metadata:
@@ -31,8 +31,10 @@ metadata:
   labels:
     app.kubernetes.io/managed-by: devbox
     devbox.io/state: claimed
-    devbox.io/owner: {label_value(getpass.getuser())}
+    devbox.io/owner: {owner.label}
     devbox.io/box: {box}
+  annotations:
+    devbox.io/owner-name: {json.dumps(owner.username)}
 spec:
   containers: [{{name: box, image: devbox/box:test}}]
 """
@@ -142,11 +144,11 @@ def test_watch_survives_an_api_server_restart(
                 continue
 
     try:
-        _kubectl(private_cluster, "apply", "-f", "-", input=_pod("devbox-w1", "w1"))
+        _kubectl(private_cluster, "apply", "-f", "-", input=_pod("devbox-w1", "w1", backend.me))
         expect("ADDED", "w1")
         # Once it answers again, a change made after the restart still arrives.
         _restart_apiserver(
-            private_cluster, lambda: _applied(private_cluster, _pod("devbox-w2", "w2"))
+            private_cluster, lambda: _applied(private_cluster, _pod("devbox-w2", "w2", backend.me))
         )
         expect("ADDED", "w2")
         _kubectl(private_cluster, "delete", "pod", "devbox-w1", "--wait=false")

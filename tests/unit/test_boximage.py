@@ -78,7 +78,7 @@ def test_the_box_dockerfile_is_its_setup_steps_and_splits_at_the_code() -> None:
     assert copied == [["images/box/setup.sh"], ["pyproject.toml"]]
     state = final_state(plan)
     config = image_config(state, ["sha256:" + "0" * 64], ["x"])["config"]
-    assert config["User"] == "1000:1000" and config["WorkingDir"] == "/homes"
+    assert config["User"] == "0:0" and config["WorkingDir"] == "/homes"
     assert config["Cmd"] == ["devbox", "--help"]
     assert config["ExposedPorts"] == {"2222/tcp": {}}
     env = dict(e.split("=", 1) for e in config["Env"])

@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 
 from devbox import config, profiles
+from devbox import protocol as p
 from devbox.backends.kubernetes import pods
+from devbox.backends.kubernetes.identity import Identity
 from devbox.boxes import Box, BoxSpec, BoxState, Toleration
 from devbox.errors import UsageError
 from devbox.profiles import Profile
@@ -207,7 +209,9 @@ def test_the_pod_of_a_profile() -> None:
     (prof,) = profiles.parse_document(FULL, source="x")[:1]
     spec = prof.spec(gpus=None)
     warm = pods.box_pod(cfg, spec=spec)
-    claimed = pods.box_pod(cfg, spec=spec, box="b1", owner="ann", owner_key="ssh-ed25519 K")
+    claimed = pods.box_pod(
+        cfg, spec=spec, box="b1", owner=Identity("ann"), owner_key="ssh-ed25519 K"
+    )
     for pod in (warm, claimed):
         (container,) = pod["spec"]["containers"]
         # Requests only: no CPU or memory limit, the GPUs as a limit.
@@ -232,13 +236,27 @@ def test_the_pod_of_a_profile() -> None:
         ]
         # Warm or claimed, one priority: a claimed warm pod is never preemptible.
         assert pod["spec"]["priorityClassName"] == "devbox-box"
-        # Pod Security "restricted".
-        assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
-        assert pod["spec"]["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+        # Pod Security "baseline": root with five of its capabilities, until the agent
+        # becomes its owner; no runAsUser or fsGroup (see pods.box_pod).
+        assert pod["spec"]["securityContext"] == {"seccompProfile": {"type": "RuntimeDefault"}}
         assert container["securityContext"] == {
             "allowPrivilegeEscalation": False,
-            "capabilities": {"drop": ["ALL"]},
+            "capabilities": {
+                "drop": ["ALL"],
+                "add": ["CHOWN", "FOWNER", "SETGID", "SETPCAP", "SETUID"],
+            },
         }
+    # A box made for its owner mounts the owner's folder only; a warm pod, the volume.
+    assert warm["spec"]["containers"][0]["volumeMounts"][0] == {
+        "name": "homes",
+        "mountPath": "/homes",
+    }
+    assert claimed["spec"]["containers"][0]["volumeMounts"][0] == {
+        "name": "homes",
+        "mountPath": "/homes/u-ann",
+        "subPath": "u-ann",
+    }
+    assert claimed["metadata"]["annotations"][p.ANN_OWNER_NAME] == "ann"
     shape = warm["metadata"]["labels"][pods.LABEL_SHAPE]
     assert claimed["metadata"]["labels"][pods.LABEL_SHAPE] == shape
     # Any change of shape changes the label; the profile's name does not.

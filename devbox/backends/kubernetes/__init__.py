@@ -4,7 +4,6 @@ server's port-forward, claimed from a warm pool when one is free."""
 from __future__ import annotations
 
 import builtins
-import getpass
 import random
 import socket
 import sys
@@ -19,6 +18,7 @@ from devbox.backends.kubernetes import (
     api,
     capacity,
     clusterprofiles,
+    identity,
     pods,
     portforward,
     waiting,
@@ -57,6 +57,7 @@ class KubernetesBackend:
         self.config = config
         self.progress = progress
         self._cluster: api.Cluster | None = None
+        self._me: identity.Identity | None = None
 
     @property
     def cluster(self) -> api.Cluster:
@@ -67,8 +68,17 @@ class KubernetesBackend:
         return self._cluster
 
     @property
-    def owner(self) -> str:
-        return pods.label_value(getpass.getuser())
+    def me(self) -> identity.Identity:
+        """The user as the API server knows them, never as the laptop says."""
+        if self._me is None:
+            with api.errors(self.cluster):
+                self._me = identity.whoami(self.cluster.rest)
+        return self._me
+
+    def _mine(self, pod: dict[str, Any]) -> bool:
+        # The owner name, which the admission policy binds to the claimer, not the label:
+        # anyone may put any label on a pod of their own.
+        return pods.annotations_of(pod).get(p.ANN_OWNER_NAME) == self.me.username
 
     # --- lookups --------------------------------------------------------------------
 
@@ -98,9 +108,10 @@ class KubernetesBackend:
     def list(self) -> builtins.list[Box]:
         with api.errors(self.cluster):
             mine = self._pods(
-                f"{pods.MANAGED},{p.LABEL_STATE}=claimed,{p.LABEL_OWNER}={self.owner}"
+                f"{pods.MANAGED},{p.LABEL_STATE}=claimed,{p.LABEL_OWNER}={self.me.label}"
             )
             leases = self._leases()  # one request for all boxes, not one per box
+        mine = [pod for pod in mine if self._mine(pod)]
         boxes = [pods.to_box(pod, last_input=leases.get(pods.name(pod), 0.0)) for pod in mine]
         return sorted(boxes, key=lambda b: b.name)
 
@@ -113,7 +124,7 @@ class KubernetesBackend:
         if pod is None:
             raise UsageError(f"no box named {name!r} in namespace {self.cluster.namespace!r}")
         box = pods.to_box(pod)
-        if box.owner != self.owner:
+        if not self._mine(pod):
             raise UsageError(f"box {name!r} belongs to {box.owner or 'the warm pool'}")
         return box
 
@@ -146,8 +157,8 @@ class KubernetesBackend:
 
     def watch(self, stop: threading.Event) -> Iterator[tuple[str, Box]]:
         """This user's box changes, as ("ADDED" | "MODIFIED" | "DELETED", box), until stop."""
-        selector = f"{pods.MANAGED},{p.LABEL_STATE}=claimed,{p.LABEL_OWNER}={self.owner}"
-        return watching.follow(lambda: self.cluster, selector, stop)
+        selector = f"{pods.MANAGED},{p.LABEL_STATE}=claimed,{p.LABEL_OWNER}={self.me.label}"
+        return watching.follow(lambda: self.cluster, selector, stop, keep=self._mine)
 
     # --- claim ----------------------------------------------------------------------
 
@@ -200,7 +211,7 @@ class KubernetesBackend:
             patch = pods.claim_patch(
                 resource_version=pod["metadata"]["resourceVersion"],
                 box=name,
-                owner=self.owner,
+                owner=self.me,
                 owner_key=owner_key,
             )
             try:
@@ -215,7 +226,7 @@ class KubernetesBackend:
 
     def _create(self, spec: BoxSpec, name: str, owner_key: str) -> dict[str, Any]:
         c = self.cluster
-        body = pods.box_pod(self.config, spec=spec, box=name, owner=self.owner, owner_key=owner_key)
+        body = pods.box_pod(self.config, spec=spec, box=name, owner=self.me, owner_key=owner_key)
         try:
             pod = c.rest.post(c.pods(), body)
         except ApiError as exc:

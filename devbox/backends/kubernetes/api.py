@@ -61,6 +61,10 @@ def errors(cluster: Cluster) -> Iterator[None]:
     try:
         yield
     except ApiError as exc:
+        if exc.status == 403 and "denied request: " in exc.message:
+            # An admission policy (images/k8s/policies.yaml) said why; that is the line.
+            why = exc.message.split("denied request: ", 1)[1]
+            raise DevboxError(f"refused by the cluster's devbox policy: {why}") from None
         if exc.status == 403:
             raise DevboxError(f"forbidden by the cluster's RBAC: {exc.message}") from None
         if exc.status == 401:

@@ -11,6 +11,7 @@ from datetime import datetime
 from typing import Any
 
 from devbox import protocol as p
+from devbox.backends.kubernetes.identity import Identity
 from devbox.boxes import Box, BoxSpec, BoxState, Toleration
 from devbox.config import Config
 
@@ -67,16 +68,21 @@ def shape(config: Config, spec: BoxSpec) -> str:
 
 
 def box_pod(
-    config: Config, *, spec: BoxSpec, box: str = "", owner: str = "", owner_key: str = ""
+    config: Config,
+    *,
+    spec: BoxSpec,
+    box: str = "",
+    owner: Identity | None = None,
+    owner_key: str = "",
 ) -> dict[str, Any]:
     """A box pod; without an owner it is an unclaimed warm pod of the profile's pool."""
-    warm = not owner
+    warm = owner is None
     labels = {
         p.LABEL_MANAGED: "devbox",
         p.LABEL_PROFILE: label_value(spec.profile),
         p.LABEL_STATE: "warm" if warm else "claimed",
         p.LABEL_BOX: box,
-        p.LABEL_OWNER: label_value(owner) if owner else "",
+        p.LABEL_OWNER: owner.label if owner else "",
         LABEL_GPUS: str(spec.gpus),
         LABEL_SHAPE: shape(config, spec),
     }
@@ -97,14 +103,18 @@ def box_pod(
             "$(POD_NAME)",
             "--namespace",
             "$(POD_NAMESPACE)",
+            # Loopback only: the API server's port-forward connects inside the pod, and
+            # nothing else in the cluster should reach the agent before authentication.
             "--listen",
-            "0.0.0.0",
+            "127.0.0.1",
             "--port",
             str(p.SSH_PORT),
             "--home-root",
             "/homes",
             "--host-key",
             "/run/devbox/host_key",
+            # Starts as root only to make the owner's home and become the owner's uid.
+            "--become-owner",
         ],
         "env": [
             {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
@@ -115,30 +125,35 @@ def box_pod(
         ],
         "ports": [{"name": "ssh", "containerPort": p.SSH_PORT}],
         "resources": resources,
-        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
-        "volumeMounts": [
-            {"name": "homes", "mountPath": "/homes"},
-            {"name": "run", "mountPath": "/run/devbox"},
-        ],
+        # The agent is root until it knows its owner, with only what making the owner's
+        # home and switching to the owner's uid need; then it has no capability left.
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"], "add": list(AGENT_CAPABILITIES)},
+        },
+        "volumeMounts": [_homes_mount(owner), {"name": "run", "mountPath": "/run/devbox"}],
     }
     metadata: dict[str, Any] = {"labels": labels}
-    if warm:
+    if owner is None:
         metadata["generateName"] = f"devbox-warm-{label_value(spec.profile)[:20]}-"
     else:
         metadata["name"] = f"devbox-{box}"[:63].rstrip("-")
-        metadata["annotations"] = {p.ANN_OWNER_KEY: owner_key, p.ANN_CLAIMED_AT: _now()}
+        metadata["annotations"] = {
+            p.ANN_OWNER_KEY: owner_key,
+            p.ANN_OWNER_NAME: owner.username,
+            p.ANN_CLAIMED_AT: _now(),
+        }
     pod_spec: dict[str, Any] = {
         "containers": [container],
         "serviceAccountName": config.service_account,
         "restartPolicy": "Always",
         "terminationGracePeriodSeconds": 10,
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": 1000,
-            "runAsGroup": 1000,
-            "fsGroup": 1000,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        # No fsGroup: on a volume every user shares, the kubelet would give every file of
+        # every home to the group of whichever box started last.
+        # The image's user (root, images/box/Dockerfile) until the agent becomes its
+        # owner. No runAsUser either: with one, the kubelet makes the service account
+        # token root's alone (0600), and the agent could no longer read it as the owner.
+        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
         "volumes": [
             {"name": "homes", "persistentVolumeClaim": {"claimName": HOMES_CLAIM}},
             {"name": "run", "emptyDir": {}},
@@ -154,6 +169,21 @@ def box_pod(
         # autoscaler yields unclaimed warm pods to pending GPU work instead.
         pod_spec["priorityClassName"] = config.priority_class
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+
+
+# What the agent needs as root before it becomes its owner (agent/owner.py): make the
+# home (CHOWN, FOWNER), empty the bounding set (SETPCAP) and switch uid and groups
+# (SETUID, SETGID). All within the Pod Security "baseline" level.
+AGENT_CAPABILITIES = ("CHOWN", "FOWNER", "SETGID", "SETPCAP", "SETUID")
+
+
+def _homes_mount(owner: Identity | None) -> dict[str, Any]:
+    """A box made for its owner mounts the owner's folder only (the admission policy
+    requires it); a warm pod, whose owner is not known yet, mounts the volume and its
+    agent shows its owner only their own folder, as the owner's uid."""
+    if owner is None:
+        return {"name": "homes", "mountPath": "/homes"}
+    return {"name": "homes", "mountPath": f"/homes/{owner.home}", "subPath": owner.home}
 
 
 def _toleration(t: Toleration) -> dict[str, Any]:
@@ -211,7 +241,9 @@ def gpus_requested(pod: dict[str, Any]) -> int:
     return total
 
 
-def claim_patch(*, resource_version: str, box: str, owner: str, owner_key: str) -> dict[str, Any]:
+def claim_patch(
+    *, resource_version: str, box: str, owner: Identity, owner_key: str
+) -> dict[str, Any]:
     """Claims a warm pod; the resourceVersion makes the API server refuse (409) a pod that
     changed since it was read, so two claimers can never both win it."""
     return {
@@ -220,9 +252,13 @@ def claim_patch(*, resource_version: str, box: str, owner: str, owner_key: str) 
             "labels": {
                 p.LABEL_STATE: "claimed",
                 p.LABEL_BOX: box,
-                p.LABEL_OWNER: label_value(owner),
+                p.LABEL_OWNER: owner.label,
             },
-            "annotations": {p.ANN_OWNER_KEY: owner_key, p.ANN_CLAIMED_AT: _now()},
+            "annotations": {
+                p.ANN_OWNER_KEY: owner_key,
+                p.ANN_OWNER_NAME: owner.username,
+                p.ANN_CLAIMED_AT: _now(),
+            },
         }
     }
 
@@ -278,7 +314,7 @@ def to_box(pod: dict[str, Any], *, last_input: float = 0.0) -> Box:
     selector = spec.get("nodeSelector") or {}
     return Box(
         name=labels.get(p.LABEL_BOX) or meta["name"],
-        owner=labels.get(p.LABEL_OWNER, ""),
+        owner=ann.get(p.ANN_OWNER_NAME) or labels.get(p.LABEL_OWNER, ""),
         backend="kubernetes",
         spec=BoxSpec(
             gpus=count_of(limits.get(GPU, 0)),

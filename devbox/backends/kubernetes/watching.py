@@ -73,10 +73,13 @@ def list_then_watch(
 
 
 def follow(
-    cluster: Callable[[], api.Cluster], selector: str, stop: threading.Event
+    cluster: Callable[[], api.Cluster],
+    selector: str,
+    stop: threading.Event,
+    keep: Callable[[dict[str, Any]], bool] = lambda pod: True,
 ) -> Iterator[tuple[str, Box]]:
-    """Box changes of the pods matching `selector`, until stop; after a relist, the
-    difference from what was known."""
+    """Box changes of the pods matching `selector` and `keep`, until stop; after a
+    relist, the difference from what was known."""
 
     def source() -> tuple[Rest, str]:
         c = cluster()
@@ -86,13 +89,15 @@ def follow(
     try:
         for kind, payload in list_then_watch(source, selector, stop):
             if kind == LISTED:
-                current = {pods.name(x): pods.to_box(x) for x in payload}
+                current = {pods.name(x): pods.to_box(x) for x in payload if keep(x)}
                 for name, box in current.items():
                     if known.get(name) != box:
                         yield ("MODIFIED" if name in known else "ADDED"), box
                 for name in set(known) - set(current):
                     yield "DELETED", known[name]
                 known = current
+                continue
+            if not keep(payload):
                 continue
             box = pods.to_box(payload)
             if kind == "DELETED":
