@@ -40,6 +40,12 @@ def test_up_ls_ssh_down(user: User) -> None:
     assert (user.box_dir("alpha") / "home").is_dir()
 
 
+def test_the_owner_is_the_kernels_account_not_user(user: User) -> None:
+    user.env.update(USER="alice", LOGNAME="alice")
+    box = json.loads(user.devbox("up", "who", "--no-attach", "--json", check=True).stdout)
+    assert box["owner"] == pwd.getpwuid(os.getuid()).pw_name != "alice"
+
+
 def test_generated_name_is_a_dns_label(user: User) -> None:
     result = user.devbox("up", "--no-attach", "--json", check=True)
     name = json.loads(result.stdout)["name"]

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
-import getpass
 import os
+import pwd
 import shutil
 import signal
 import socket
@@ -24,6 +24,15 @@ from devbox.ssh import known_hosts
 from devbox.ssh.keys import ensure_user_key
 
 STOP_TIMEOUT = 10.0
+
+
+def _login() -> str:
+    """The account the kernel runs this process as, not $USER or $LOGNAME (which anyone
+    may set to anything)."""
+    try:
+        return pwd.getpwuid(os.getuid()).pw_name
+    except KeyError:  # a uid without a passwd entry (a container)
+        return str(os.getuid())
 
 
 class LocalBackend:
@@ -64,7 +73,7 @@ class LocalBackend:
                 raise UsageError(f"a box named {name!r} already exists (see `devbox ls`)")
             box = Box(
                 name=name,
-                owner=getpass.getuser(),
+                owner=_login(),
                 backend=self.name,
                 spec=spec,
                 state=BoxState.PENDING,
