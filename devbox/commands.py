@@ -124,10 +124,7 @@ def up(args: argparse.Namespace) -> int:
             print(json.dumps(box.to_json()))
         else:
             gpus = f", GPUs {','.join(box.gpu_ids)}" if box.gpu_ids else ""
-            print(
-                f"box {box.name} is up ({box.backend}{gpus}); `devbox ssh {box.name}` to enter",
-                file=sys.stderr,
-            )
+            _line(f"box {box.name} is up ({box.backend}{gpus}); `devbox ssh {box.name}` to enter")
         if not attach:
             return 0
         return _session(backend, box, None, interactive=True)
@@ -140,7 +137,14 @@ def _refresh_ssh_config_or_warn(backend: Backend) -> None:
         _refresh_ssh_config(backend)
     except (DevboxError, OSError) as exc:  # the box is up; only its ssh-config entry waits
         message = exc.message if isinstance(exc, DevboxError) else str(exc)
-        print(f"devbox: warning: ssh config not refreshed: {message}", file=sys.stderr)
+        _line(f"devbox: warning: ssh config not refreshed: {message}")
+
+
+def _line(text: str) -> None:
+    """One line to stderr in one write: print() writes the text and its newline apart, so
+    `up`'s line and the ssh-config thread's warning could run together."""
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
 
 
 def ls(args: argparse.Namespace) -> int:
