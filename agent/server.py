@@ -190,9 +190,13 @@ class Agent:
         # Unauthenticated connections: capped, counted, logged once per interval.
         self.preauth_log = preauth.Tally()
         self.gate = preauth.Gate(self.preauth_log)
-        self._user = pwd.getpwuid(os.getuid())
 
     # --- sessions -------------------------------------------------------------------
+
+    @property
+    def _user(self) -> pwd.struct_passwd:
+        # Asked each time: an in-pod agent becomes its owner's uid after it starts.
+        return pwd.getpwuid(os.getuid())
 
     def session_env(self, process: shell.Process) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k not in _DROP_ENV}

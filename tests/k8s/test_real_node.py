@@ -19,7 +19,7 @@ import pytest
 import yaml
 
 from agent.owner import owner_uid
-from devbox.protocol import home_folder
+from devbox.protocol import home_folder, owner_label
 from tests import nvml_sim
 from tests.conftest import REPO, make_user
 from tests.k8s.conftest import (
@@ -173,7 +173,8 @@ def test_inside_the_container(rk: KubeUser) -> None:
         "inside",
         "tr '\\0' ' ' </proc/1/cmdline; echo; id -u; "
         "grep -E '^(CapEff|CapBnd|Seccomp|NoNewPrivs):' /proc/self/status; "
-        'awk \'$5 ~ "^/homes" {print "homes-mount", $9}\' /proc/self/mountinfo; pwd',
+        'awk \'$5 ~ "^/homes" {print "homes-mount", $9}\' /proc/self/mountinfo; pwd; '
+        "echo $USER; id -un",
     )
     lines = out.splitlines()
     assert "devbox agent" in lines[0], lines[0]  # PID 1 is the agent
@@ -184,6 +185,7 @@ def test_inside_the_container(rk: KubeUser) -> None:
     assert lines[6].startswith("homes-mount "), out  # the home is a real volume mount
     home = lines[7]
     assert home == f"/homes/{home_folder(box['owner'])}"
+    assert lines[8] == lines[9] == owner_label(box["owner"])  # the session knows who it is
     _in_box(rk, "inside", "echo kept-across-boxes > notes.txt")
     rk.devbox("down", "inside", check=True, timeout=120)
     _up(rk, "inside", "--profile", "real")
