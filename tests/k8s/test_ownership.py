@@ -233,6 +233,22 @@ def test_a_warm_pod_is_claimed_only_for_oneself(lab: Person) -> None:
         "only the autoscaler",
     )
     _refused(_kubectl(mallory, "delete", "pod", warm, "--wait=false"), "only the autoscaler")
+    # Claiming it for herself is allowed, but not with another image in the same patch:
+    # the container is root until its agent becomes the owner, with every home mounted.
+    own_claim = {
+        "metadata": {
+            "resourceVersion": version,
+            "labels": {"devbox.io/state": "claimed", "devbox.io/box": "x",
+                       "devbox.io/owner": owner_label("mallory")},
+            "annotations": {"devbox.io/owner-name": "mallory", "devbox.io/owner-key": mine},
+        },
+        "spec": {"containers": [{"name": "box", "image": "evil/box:latest"}]},
+    }  # fmt: skip
+    _refused(
+        _kubectl(mallory, "patch", "pod", warm, "--type=strategic", "-p", json.dumps(own_claim)),
+        "a box pod's spec does not change once it is made",
+    )
+    assert _pod(admin, warm)["metadata"]["labels"]["devbox.io/state"] == "warm"
     # alice claims it, through devbox, and from then on it is hers alone.
     done = alice.devbox("up", "aw", "--no-attach", "--json", timeout=120)
     assert done.returncode == 0 and b"claimed warm pod" in done.stderr, done.stderr
@@ -428,3 +444,32 @@ def test_names_that_once_collided_stay_apart(lab: Person, names: tuple[str, str]
         listed = json.loads(kube.devbox("ls", "--json", check=True).stdout)
         assert [(b["name"], b["owner"]) for b in listed] == [(own, names[(kube is two) * 1])]
         assert "belongs to" in _one_line(kube.devbox("down", other))
+
+
+def test_nobody_enters_a_box_but_through_its_agent(lab: Person) -> None:
+    """Even with RBAC too generous (exec, attach, ephemeral containers granted), the
+    policy keeps everyone but the autoscaler out of a box's root-owned container, and
+    keeps its spec (image) as it was made, for its owner too."""
+    mallory = lab("mallory")
+    _up(mallory, "m1")
+    generous = {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+        "metadata": {"name": "too-generous"},
+        "rules": [{"apiGroups": [""], "verbs": ["create", "get", "patch", "update"],
+                   "resources": ["pods/exec", "pods/attach", "pods/ephemeralcontainers"]}],
+    }  # fmt: skip
+    admin = lab("admin", admin=True)
+    made = _kubectl(admin, "apply", "-f", "-", input=json.dumps(generous).encode())
+    assert made.returncode == 0, made.stderr
+    bound = _kubectl(admin, "create", "rolebinding", "too-generous", "--role", "too-generous",
+                     "--user", "mallory")  # fmt: skip
+    assert bound.returncode == 0, bound.stderr
+    why = "entered through their agent"
+    _refused(_kubectl(mallory, "exec", "devbox-m1", "--", "id"), why)
+    _refused(_kubectl(mallory, "attach", "devbox-m1"), why)
+    _refused(_kubectl(mallory, "debug", "devbox-m1", "--image=devbox/box:test", "--", "true"), why)
+    _refused(
+        _kubectl(mallory, "set", "image", "pod/devbox-m1", "box=evil/box:latest"),
+        "a box pod's spec does not change once it is made",
+    )
+    assert _pod(admin, "devbox-m1")["spec"]["containers"][0]["image"] == "devbox/box:test"
