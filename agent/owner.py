@@ -109,19 +109,29 @@ def _register(home_root: Path, uid: int, username: str) -> None:
 def _make_home(home: Path, uid: int) -> None:
     with contextlib.suppress(FileExistsError):
         os.mkdir(home, 0o700)
-    info = os.lstat(home)
-    if not stat.S_ISDIR(info.st_mode):
-        raise OwnerError(f"{home} is not a folder")
-    if info.st_uid == 0:  # made just now, or by the kubelet for a subPath mount
-        os.chown(home, uid, uid, follow_symlinks=False)
-    elif info.st_uid != uid:
-        raise OwnerError(f"{home} belongs to uid {info.st_uid}, not the owner's {uid}")
-    os.chmod(home, 0o700)
+    # Through a descriptor of the folder itself: a name swapped for a symlink between a
+    # look and a change could otherwise hand something else to the owner.
+    try:
+        fd = os.open(home, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as exc:  # ELOOP: a symlink; ENOTDIR: a file
+        raise OwnerError(f"{home} is not a folder") from exc
+    try:
+        info = os.fstat(fd)
+        if info.st_uid == 0:  # made just now, or by the kubelet for a subPath mount
+            os.fchown(fd, uid, uid)
+        elif info.st_uid != uid:
+            raise OwnerError(f"{home} belongs to uid {info.st_uid}, not the owner's {uid}")
+        os.fchmod(fd, 0o700)
+    finally:
+        os.close(fd)
 
 
 def _add_account(accounts: Path, login: str, uid: int, home: Path) -> None:
     """An /etc/passwd line, so that screen, ssh tools and the prompt know who they run as."""
-    line = f"{login}:x:{uid}:{uid}::{home}:/bin/bash\n"
+    # A user name may hold anything, ":" and newlines too: such a home is not written
+    # (the agent sets $HOME itself), so no name can add a line of its own.
+    shown = str(home) if str(home).isprintable() and ":" not in str(home) else "/"
+    line = f"{login}:x:{uid}:{uid}::{shown}:/bin/bash\n"
     try:
         with open(accounts / "passwd", "a") as f:
             f.write(line)

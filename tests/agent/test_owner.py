@@ -95,3 +95,12 @@ def test_uids_are_stable_and_apart() -> None:
     assert len(set(uids)) == len(names)
     assert all(owner.UID_BASE <= u < owner.UID_BASE + owner.UID_SPAN for u in uids)
     assert uids == [owner.owner_uid(n) for n in names]
+
+
+def test_a_name_cannot_write_an_account_line_of_its_own(volume: Path) -> None:
+    name = "eve\nroot2:x:0:0::/:/bin/bash"
+    code, out = _become(volume, name)
+    assert code == 0, out
+    lines = (volume.parent / "etc/passwd").read_text().splitlines()
+    uid = owner.owner_uid(name)
+    assert lines == [f"login:x:{uid}:{uid}::/:/bin/bash"]
