@@ -110,18 +110,21 @@ def _make_home(home: Path, uid: int) -> None:
     with contextlib.suppress(FileExistsError):
         os.mkdir(home, 0o700)
     # Through a descriptor of the folder itself: a name swapped for a symlink between a
-    # look and a change could otherwise hand something else to the owner.
+    # look and a change could otherwise hand something else to the owner. O_PATH: this
+    # root has no DAC capability, so it could not open the owner's 0700 folder to read.
     try:
-        fd = os.open(home, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
-    except OSError as exc:  # ELOOP: a symlink; ENOTDIR: a file
+        fd = os.open(home, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except (NotADirectoryError, FileNotFoundError) as exc:  # a symlink or a file
         raise OwnerError(f"{home} is not a folder") from exc
     try:
         info = os.fstat(fd)
+        # chown and chmod take no O_PATH descriptor; its /proc link is that same folder.
+        same = f"/proc/self/fd/{fd}"
         if info.st_uid == 0:  # made just now, or by the kubelet for a subPath mount
-            os.fchown(fd, uid, uid)
+            os.chown(same, uid, uid)
         elif info.st_uid != uid:
             raise OwnerError(f"{home} belongs to uid {info.st_uid}, not the owner's {uid}")
-        os.fchmod(fd, 0o700)
+        os.chmod(same, 0o700)
     finally:
         os.close(fd)
 

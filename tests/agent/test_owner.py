@@ -1,38 +1,48 @@
-"""agent/owner.py as root, in a child process (it changes the process's uid for good):
-the owner's home is theirs and private, and a home or uid of someone else is refused."""
+"""agent/owner.py as root with a box pod's capabilities, in a process of its own (it
+changes its uid for good): the owner's home is theirs and private, and a home or uid of
+someone else is refused."""
 
 from __future__ import annotations
 
 import os
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from agent import owner
+from devbox.backends.kubernetes.pods import AGENT_CAPABILITIES
 from devbox.protocol import home_folder
+from tests.conftest import REPO
+
+# As in a box pod: root with only the capabilities the pod spec adds.
+CAPS = ",".join(f"+{c.lower()}" for c in AGENT_CAPABILITIES)
+CHILD = """
+import os, sys
+from pathlib import Path
+from agent import owner
+volume, name = Path(sys.argv[1]), sys.argv[2]
+try:
+    home = owner.become(name, "login", volume, accounts=volume.parent / "etc")
+except owner.OwnerError as exc:
+    print(f"OwnerError: {exc}")
+    sys.exit(3)
+print(os.getuid(), os.getgid(), os.getgroups(), home)
+"""
 
 
-def _in_child(test: object) -> tuple[int, str]:
-    """Runs `test()` in a forked child; returns its exit status and what it wrote."""
-    read, write = os.pipe()
-    pid = os.fork()
-    if pid == 0:  # pragma: no cover (the child)
-        os.close(read)
-        try:
-            out = str(test())  # type: ignore[operator]
-            code = 0
-        except owner.OwnerError as exc:
-            out, code = f"OwnerError: {exc}", 3
-        except BaseException as exc:
-            out, code = f"{type(exc).__name__}: {exc}", 4
-        os.write(write, out.encode())
-        os._exit(code)
-    os.close(write)
-    with os.fdopen(read) as f:
-        text = f.read()
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status), text
+def _become(volume: Path, name: str) -> tuple[int, str]:
+    """become() in a process of its own (it changes its uid for good), with the pod's
+    capabilities only: no DAC override, so the owner's 0700 folder is closed to it."""
+    done = subprocess.run(
+        ["setpriv", f"--bounding-set=-all,{CAPS}", "--inh-caps=-all",
+         sys.executable, "-c", CHILD, str(volume), name],
+        capture_output=True, text=True, timeout=60, cwd=REPO,
+    )  # fmt: skip
+    assert "Traceback" not in done.stderr, done.stderr
+    return done.returncode, done.stdout.strip()
 
 
 @pytest.fixture
@@ -43,14 +53,6 @@ def volume(tmp_path: Path) -> Path:
     root.mkdir(mode=0o755)
     (tmp_path / "etc").mkdir()
     return root
-
-
-def _become(volume: Path, name: str) -> tuple[int, str]:
-    def run() -> str:
-        home = owner.become(name, "login", volume, accounts=volume.parent / "etc")
-        return f"{os.getuid()} {os.getgid()} {os.getgroups()} {home}"
-
-    return _in_child(run)
 
 
 def test_the_owner_gets_a_private_home_and_becomes_its_uid(volume: Path) -> None:
