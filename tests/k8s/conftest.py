@@ -178,30 +178,34 @@ def identity_kubeconfig(cluster: Cluster, folder: Path, username: str, group: st
         .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
         .sign(ca_key, hashes.SHA256())  # type: ignore[arg-type]
     )
-    admin = yaml.safe_load(cluster.kubeconfig.read_text())
-    server = admin["clusters"][0]["cluster"]
     pem = cert.public_bytes(serialization.Encoding.PEM)
     key_pem = key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
+    credentials = {
+        "client-certificate-data": base64.b64encode(pem).decode(),
+        "client-key-data": base64.b64encode(key_pem).decode(),
+    }
+    return kubeconfig_of(cluster, credentials, folder / "kubeconfig")
+
+
+def token_kubeconfig(cluster: Cluster, token: str, path: Path) -> Path:
+    """A kubeconfig that presents `token` (a service account's, say) and nothing else."""
+    return kubeconfig_of(cluster, {"token": token}, path)
+
+
+def kubeconfig_of(cluster: Cluster, credentials: dict[str, str], path: Path) -> Path:
+    """The test cluster's API server, reached with `credentials` only (no admin cert)."""
+    server = yaml.safe_load(cluster.kubeconfig.read_text())["clusters"][0]["cluster"]
     config = {
         "apiVersion": "v1",
         "kind": "Config",
         "clusters": [{"name": "test", "cluster": server}],
-        "users": [
-            {
-                "name": "me",
-                "user": {
-                    "client-certificate-data": base64.b64encode(pem).decode(),
-                    "client-key-data": base64.b64encode(key_pem).decode(),
-                },
-            }
-        ],
+        "users": [{"name": "me", "user": credentials}],
         "contexts": [{"name": "me", "context": {"cluster": "test", "user": "me"}}],
         "current-context": "me",
     }
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "kubeconfig"
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(config))
     path.chmod(0o600)
     return path

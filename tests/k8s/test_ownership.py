@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from devbox.protocol import home_folder, owner_label
 from tests.conftest import make_user
@@ -25,6 +24,7 @@ from tests.k8s.conftest import (
     configure,
     identity_kubeconfig,
     lab_namespace,
+    token_kubeconfig,
 )
 from tests.waiting import wait_until
 
@@ -369,13 +369,8 @@ def _agent_kubeconfig(kube: KubeUser, admin: KubeUser, pod: str, folder: Path) -
         uid,
     )
     assert made.returncode == 0, made.stderr
-    config = yaml.safe_load(kube.cluster.kubeconfig.read_text())
-    config["users"] = [{"name": "agent", "user": {"token": made.stdout.decode().strip()}}]
-    for context in config["contexts"]:
-        context["context"]["user"] = "agent"
-    path = folder / "agent-kubeconfig"
-    path.write_text(yaml.safe_dump(config))
-    return path
+    token = made.stdout.decode().strip()
+    return token_kubeconfig(kube.cluster, token, folder / "agent-kubeconfig")
 
 
 def test_an_agents_token_touches_only_its_own_pod(lab: Person, tmp_path: Path) -> None:

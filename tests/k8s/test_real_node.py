@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from agent.owner import owner_uid
 from devbox.protocol import home_folder, owner_label
@@ -31,6 +30,7 @@ from tests.k8s.conftest import (
     identity_kubeconfig,
     lab_namespace,
     new_namespace,
+    token_kubeconfig,
 )
 from tests.waiting import wait_until
 
@@ -428,16 +428,6 @@ def _real_person(
     return kube
 
 
-def _token_kubeconfig(cluster: Cluster, token: str, folder: Path) -> Path:
-    config = yaml.safe_load(cluster.kubeconfig.read_text())
-    config["users"] = [{"name": "stolen", "user": {"token": token}}]
-    for context in config["contexts"]:
-        context["context"]["user"] = "stolen"
-    path = folder / "stolen-kubeconfig"
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
 def test_bob_cannot_read_or_write_alices_home(
     real_node: Path, cluster: Cluster, tmp_path: Path, nvml_lib_dir: Path
 ) -> None:
@@ -490,7 +480,7 @@ def test_bob_cannot_read_or_write_alices_home(
         # bob's session holds its agent's token: it can touch nothing of alice's, nor the
         # owner key of bob's own box.
         token = _in_box(bob, "bw", "cat /var/run/secrets/kubernetes.io/serviceaccount/token")
-        stolen = str(_token_kubeconfig(cluster, token.strip(), tmp_path))
+        stolen = str(token_kubeconfig(cluster, token.strip(), tmp_path / "stolen-kubeconfig"))
         for target, key in (
             (aw["extra"]["pod"], "devbox.io/alerts"),
             (bw["extra"]["pod"], "devbox.io/owner-key"),
