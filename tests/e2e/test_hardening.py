@@ -24,6 +24,8 @@ from tests import flood
 from tests.conftest import REPO, User
 from tests.waiting import wait_until
 
+FLOOD_SCRIPT = REPO / "tests/flood.py"  # run as another user, from its text
+
 pytestmark = pytest.mark.skipif(shutil.which("ssh") is None, reason="OpenSSH client missing")
 
 # What the issue reproduced: ~1,100 unauthenticated connections exhausted a limit of 1,024.
@@ -146,7 +148,9 @@ def test_the_owner_gets_in_while_another_user_floods(
     port = _port(user, "busy")
     pid = _agent_pid(user, "busy")
     attacker = subprocess.Popen(
-        [system_python, str(REPO / "tests/flood.py"), "127.0.0.1", str(port), "200"],
+        # The script's text, not its path: nobody may not be able to open the checkout
+        # (a clone in a 0700 folder from mktemp -d, as CI's can be).
+        [system_python, "-c", FLOOD_SCRIPT.read_text(), "127.0.0.1", str(port), "200"],
         user=65534,
         group=65534,
         cwd="/",
