@@ -5,14 +5,17 @@ README shows these same files)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 from pathlib import Path
 
 import pytest
+from textual.pilot import Pilot
 from textual.widgets import DataTable
 
 from tests.tui.synthetic import SyntheticFeed
 from tests.tui.test_app import app_for, until
+from tui.app import DevboxApp
 from tui.screens.box import GpuPanel
 
 SNAPSHOTS = Path(__file__).with_name("snapshots")
@@ -33,6 +36,21 @@ def check(svg: str, name: str, tmp_path: Path) -> None:
         pytest.fail(f"{name} differs from its snapshot; this run's picture is {actual}")
 
 
+async def settled(app: DevboxApp, pilot: Pilot[None], timeout: float = 10.0) -> str:
+    """The screen's picture once two in a row are the same: the feed is not live, so it
+    stops changing when the last layout and refresh are done (sooner or later on a loaded
+    machine), and a fixed pause would sometimes catch it half drawn."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    before = app.export_screenshot(title="devbox tui")
+    while True:
+        await pilot.pause(0.1)
+        now = app.export_screenshot(title="devbox tui")
+        if now == before:
+            return now
+        assert asyncio.get_running_loop().time() < deadline, "the screen never settled"
+        before = now
+
+
 async def test_boxes_screen(tmp_path: Path) -> None:
     app = app_for(SyntheticFeed(6, 8, live=False))
     async with app.run_test(size=SIZE) as pilot:
@@ -41,8 +59,7 @@ async def test_boxes_screen(tmp_path: Path) -> None:
         await pilot.press("j", "j")
         # The footer lays out its keys on its own schedule; a loaded machine shows that.
         await until(lambda: len(app.screen.query("FooterKey")) > 0)
-        await pilot.pause(0.3)
-        svg = app.export_screenshot(title="devbox tui")
+        svg = await settled(app, pilot)
     check(svg, "boxes.svg", tmp_path)
 
 
@@ -56,6 +73,5 @@ async def test_box_screen(tmp_path: Path) -> None:
         await until(lambda: app.screen.query_one("#runs", DataTable).row_count == 2)
         # The footer lays out its keys on its own schedule; a loaded machine shows that.
         await until(lambda: len(app.screen.query("FooterKey")) > 0)
-        await pilot.pause(0.3)
-        svg = app.export_screenshot(title="devbox tui")
+        svg = await settled(app, pilot)
     check(svg, "box.svg", tmp_path)
