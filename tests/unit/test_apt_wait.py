@@ -24,7 +24,7 @@ HOLD = """
 import fcntl, sys
 files = [open(p, "a") for p in sys.argv[1:]]
 for f in files:
-    fcntl.lockf(f, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as apt takes them
+    fcntl.lockf(f, fcntl.LOCK_EX)  # as apt takes them; waits for another test's holder
 print("held", flush=True)
 sys.stdin.read()  # until the test lets go
 """
