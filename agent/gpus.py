@@ -1,8 +1,9 @@
-"""Exclusive GPUs for a box: one abstract Unix socket name per GPU, bound by the agent for
-its life (devbox.gpulocks says why sockets, not files).
+"""Exclusive GPUs for a box: one abstract Unix socket name per GPU, bound by the agent and,
+on a local box, handed to the box's keeper, which lives while any process of the box does
+(devbox.gpulocks says why sockets, not files).
 
-The kernel drops the names the moment the agent dies, however it dies: a crashed box
-never keeps its GPUs, and nobody can deny a GPU by leaving something behind. There is no
+The kernel drops the names the moment their last holder dies, however it dies: a crashed
+box never keeps its GPUs, and nobody can deny a GPU by leaving something behind. There is no
 machine-wide allocation lock, so no one can hold one either; two claims racing for the
 last GPUs each give back what they got and try again after a random pause.
 """
@@ -32,6 +33,11 @@ class GpuClaim:
     def visible_devices(self) -> str:
         # UUIDs, not indices: indices can differ between NVML and CUDA's ordering.
         return ",".join(g.uuid for g in self.gpus)
+
+    def hand_over(self, channel: int) -> None:
+        """The names to the box's keeper too (gpulocks.Hold.hand_over): the box's processes
+        that outlive this agent (a multiplexer's server, a nohup job) keep their GPUs."""
+        self._hold.hand_over(channel)
 
     def release(self) -> None:
         self._hold.release()

@@ -79,6 +79,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--alerts-file", type=Path, help="where the probe's model alerts are published")
     p.add_argument("--ready-fd", type=int, help="pipe to report readiness on (one frame)")
+    p.add_argument(
+        "--keeper-fd",
+        type=int,
+        help="socket to the box's keeper, which takes the GPU locks (devbox.backends.local.keeper)",
+    )
     p.add_argument("--log-level", default="INFO")
     k8s = p.add_argument_group("in a Kubernetes pod")
     k8s.add_argument("--pod", help="this pod's name: follow it for the owner, publish the host key")
@@ -168,6 +173,8 @@ def main(argv: list[str] | None = None) -> int:
     # and DEBUG; it logs nothing above INFO. The agent logs its own, bounded, lines instead.
     logging.getLogger("asyncssh").setLevel(logging.WARNING)
     _raise_fd_limit()
+    if args.keeper_fd is not None:
+        os.set_inheritable(args.keeper_fd, False)  # the keeper's alone: no session gets it
     try:
         _check(args)
         args.home.mkdir(mode=0o700, parents=True, exist_ok=True)  # the launcher's is 0700 too
@@ -182,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
         try:
             namespace = gpulocks.check_namespace(args.gpu_namespace)
             claim = gpus.claim(args.gpus, namespace=namespace)
+            if args.keeper_fd is not None:
+                claim.hand_over(args.keeper_fd)
         except gpulocks.NamespaceError as exc:
             raise StartError(str(exc), "usage") from None
         except gpus.GpuUnavailable as exc:

@@ -21,7 +21,7 @@ def main() -> None:
     devbox = devbox_command()
     with sandbox() as sb:
         sb.devbox("up", "warmup", "--no-attach")  # first use makes the user's key
-        sb.devbox("down", "warmup", "--purge")
+        sb.devbox("down", "warmup", "--purge", "--yes")
         up, ssh_true, total = [], [], []
         for i in range(args.runs):
             name = f"b{i}"
@@ -30,7 +30,7 @@ def main() -> None:
             up.append(t_up)
             ssh_true.append(t_ssh)
             total.append(t_up + t_ssh)
-            sb.devbox("down", name, "--purge")
+            sb.devbox("down", name, "--purge", "--yes")
         sb.devbox("up", "steady", "--no-attach")
         warm_ssh = [
             wall([*devbox, "ssh", "steady", "--", "true"], sb.env) for _ in range(args.runs)

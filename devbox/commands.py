@@ -10,13 +10,13 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from devbox import config as config_mod
 from devbox import statsview
 from devbox.backends import get as get_backend
 from devbox.backends.base import Backend
-from devbox.boxes import Box
+from devbox.boxes import Box, session_warning
 from devbox.errors import EXIT_FAILURE, DevboxError, UsageError
 from devbox.names import validate_name
 
@@ -125,6 +125,8 @@ def up(args: argparse.Namespace) -> int:
         else:
             gpus = f", GPUs {','.join(box.gpu_ids)}" if box.gpu_ids else ""
             _line(f"box {box.name} is up ({box.backend}{gpus}); `devbox ssh {box.name}` to enter")
+        if warning := session_warning(box, preference=config_mod.load().multiplexer):
+            _line(warning)
         if not attach:
             return 0
         return _session(backend, box, None, interactive=True)
@@ -191,13 +193,35 @@ def _release_cell(box: Box, now: float) -> str:
 
 
 def down(args: argparse.Namespace) -> int:
+    validate_name(args.name)
     backend = backend_for(args)
-    backend.release(args.name, purge=args.purge)
+    released = backend.release(args.name, purge=args.purge, confirm=_destroy_question(args.yes))
     _refresh_ssh_config(backend)
-    print(
-        f"box {args.name} released" + ("" if args.purge else " (its home is kept)"), file=sys.stderr
-    )
+    if not released:
+        _line(f"box {args.name}'s kept home is deleted")
+    else:
+        _line(
+            f"box {args.name} released"
+            + ("; its home is deleted" if args.purge else " (its home is kept)")
+        )
     return 0
+
+
+def _destroy_question(yes: bool) -> Callable[[str], None]:
+    """What `release` calls before it deletes a home: a question on a terminal (y/N), and
+    --yes anywhere else; it raises, and nothing is changed, without a yes."""
+
+    def confirm(what: str) -> None:
+        if yes:
+            return
+        if not (sys.stdin.isatty() and sys.stderr.isatty()):
+            raise UsageError(f"--purge deletes {what}: add --yes to confirm (no terminal to ask)")
+        sys.stderr.write(f"delete {what} and everything in it? This cannot be undone [y/N] ")
+        sys.stderr.flush()
+        if sys.stdin.readline().strip().lower() not in ("y", "yes"):
+            raise DevboxError("not confirmed: nothing was changed")
+
+    return confirm
 
 
 def ssh(args: argparse.Namespace) -> int:

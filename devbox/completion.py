@@ -2,10 +2,10 @@
 script asks `devbox _complete boxes` and `devbox _complete runs BOX` for names.
 
 Both answers come from files on the laptop, never from a box: a TAB must not wait for the
-network. Box names are the local backend's box folders plus every box a run was seen on;
-run ids are those `devbox run` started and `devbox runs` last listed (a cache, kept in
-the state folder). This module imports nothing beyond the standard library and
-devbox.paths, so a completion costs one bare Python start-up.
+network. Box names are the local backend's boxes (box folders with a record) plus every
+box a run was seen on; run ids are those `devbox run` started and `devbox runs` last
+listed (a cache, kept in the state folder). This module imports nothing beyond the
+standard library and devbox.paths, so a completion costs one bare Python start-up.
 """
 
 from __future__ import annotations
@@ -56,8 +56,11 @@ def remember_runs(box: str, ids: Iterable[str], *, replace: bool = False) -> Non
 
 def boxes() -> list[str]:
     names = set(_load())
+    folder = paths.state_dir() / "local" / "boxes"
     with contextlib.suppress(OSError):
-        names.update(os.listdir(paths.state_dir() / "local" / "boxes"))
+        # A box is a folder with a record: not the kept home of a released box, nor what a
+        # claim interrupted by a crash left (store.py's layout).
+        names.update(n for n in os.listdir(folder) if os.path.exists(folder / n / "box.json"))
     return sorted(names)
 
 

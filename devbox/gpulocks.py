@@ -74,7 +74,8 @@ class Holder:
 
 
 class Hold:
-    """The bound names of one claim; they stay held while this process lives."""
+    """The bound names of one claim; they stay held while this process lives, or, once
+    handed over, while the box's keeper does."""
 
     def __init__(self, sockets: list[socket.socket]) -> None:
         self._sockets = sockets
@@ -102,6 +103,15 @@ class Hold:
                     if key.fileobj == stop:
                         return
                     _drop_one(key.fileobj)  # type: ignore[arg-type]
+
+    def hand_over(self, channel: int) -> None:
+        """Give the bound names to the box's keeper over `channel` (an inherited Unix socket,
+        devbox.backends.local.keeper), then close it: the names stay bound while the keeper
+        lives, that is while any process of the box does, not only while this one does.
+        Sent before this process reports ready, so no box is ever up without it."""
+        with socket.socket(fileno=channel) as sock:
+            if self._sockets:
+                socket.send_fds(sock, [b"gpus"], [s.fileno() for s in self._sockets])
 
     def release(self) -> None:
         if self._thread is not None and self._stop is not None:

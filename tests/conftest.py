@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from devbox.boxes import session_name
 from tests import nvml_sim
 from tests.terminal import Terminal
 
@@ -116,21 +118,33 @@ class User:
         shutil.rmtree(self.env["TMUX_TMPDIR"], ignore_errors=True)
 
     def _stop_boxes(self, boxes: Path) -> None:
+        from devbox.locks import lock_held
+
         screen, tmux = shutil.which("screen"), shutil.which("tmux")
+        keepers = []
         for folder in boxes.iterdir():
+            # The box's keeper ends every process of the box (a nohup job too), then itself.
+            with contextlib.suppress(OSError, ValueError):
+                if lock_held(folder / "keeper.lock"):  # else its pid may be anyone's now
+                    os.kill(int((folder / "keeper.lock").read_text().strip()), signal.SIGTERM)
+                    keepers.append(folder / "keeper.lock")
             with contextlib.suppress(OSError, ValueError):
                 os.kill(int((folder / "agent.lock").read_text().strip()), signal.SIGKILL)
             with contextlib.suppress(OSError):  # a killed agent's probe socket folder
                 socket_path = Path((folder / "home/.devbox/probe-socket").read_text().strip())
                 if socket_path.parent.name.startswith("devbox-probe-"):
                     shutil.rmtree(socket_path.parent, ignore_errors=True)
-            session = f"devbox-{folder.name}"
+            # Exact: screen's -S matches prefixes, and box "dx" must not end "dx-2"'s.
+            session = session_name(folder.name)
             for tool, args in (
                 (screen, ["-S", session, "-X", "quit"]),
                 (tmux, ["-L", session, "kill-server"]),
             ):
                 if tool:
                     subprocess.run([tool, *args], env=self.env, capture_output=True, check=False)
+        deadline = time.monotonic() + 30
+        while any(lock_held(k) for k in keepers) and time.monotonic() < deadline:
+            time.sleep(0.05)
 
 
 def new_gpu_namespace() -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import builtins
 import socket
+from collections.abc import Callable
 from typing import Protocol
 
 from devbox.boxes import Box, BoxSpec
@@ -27,8 +28,13 @@ class Backend(Protocol):
         `name` None: generate one."""
         ...
 
-    def release(self, name: str, *, purge: bool = False) -> None:
-        """Stop the box and free its GPUs; its home stays unless `purge`."""
+    def release(
+        self, name: str, *, purge: bool = False, confirm: Callable[[str], None] | None = None
+    ) -> bool:
+        """End the box and every process in it, then free its GPUs; its home stays unless
+        `purge`. Deleting a home first calls `confirm` with what would go (it raises to
+        refuse). True when a box was released; False when only a released box's kept home
+        was purged (a backend that keeps such homes per box)."""
         ...
 
     def keep(self, name: str, *, until: float) -> Box:

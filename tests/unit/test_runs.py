@@ -134,6 +134,9 @@ def test_bash_completion_names_boxes_and_runs(
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     for box in ("alpha", "beta"):
         (tmp_path / f".local/state/devbox/local/boxes/{box}").mkdir(parents=True)
+        (tmp_path / f".local/state/devbox/local/boxes/{box}/box.json").write_text("{}")
+    # A box folder without a record (a released box's kept home) is no box to offer.
+    (tmp_path / ".local/state/devbox/local/boxes/gone").mkdir()
     completion.remember_runs("alpha", ["k7mq", "p2zz"])
     completion.remember_runs("alpha", ["q3rs"])
     assert _bash_complete(env, "devbox ") == ["up", "run", "logs", "ssh"]

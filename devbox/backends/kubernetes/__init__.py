@@ -333,13 +333,22 @@ class KubernetesBackend:
 
     # --- release --------------------------------------------------------------------
 
-    def release(self, name: str, *, purge: bool = False) -> None:
+    def release(
+        self, name: str, *, purge: bool = False, confirm: Callable[[str], None] | None = None
+    ) -> bool:
+        if purge:
+            # A home here is the owner's, shared by all their boxes (ROOT/OWNER on the homes
+            # volume), not the box's: releasing one box must never delete it. Refused before
+            # anything is stopped.
+            raise UsageError(
+                "--purge does not apply on Kubernetes: your home is shared by all your boxes "
+                "(the homes volume), so releasing one keeps it; `devbox down` without --purge"
+            )
         box = self.get(name)
         with api.errors(self.cluster):
             self._delete(box.extra["pod"], wait=True)
         known_hosts.unpin(name)
-        if purge:
-            self.progress("note: --purge keeps the homes volume on Kubernetes; it is shared")
+        return True
 
     def _delete(self, pod_name: str, *, wait: bool) -> None:
         c = self.cluster

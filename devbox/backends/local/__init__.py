@@ -1,5 +1,7 @@
 """The local backend: a box is a detached `devbox agent` on 127.0.0.1 with its own home
-folder and, where the machine has GPUs, an exclusive set of them."""
+folder and, where the machine has GPUs, an exclusive set of them, under a keeper process
+that every process of the box descends from (keeper.py): the box, and its hold on the
+GPUs, lasts until the last of them ends, and `down` ends them all."""
 
 from __future__ import annotations
 
@@ -11,14 +13,16 @@ import shutil
 import signal
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from devbox import names, paths, private, profiles, protocol
-from devbox.backends.local.launcher import start_agent
+from devbox.backends.local import keeper
+from devbox.backends.local.launcher import END_TIMEOUT, Ready, start_agent
 from devbox.backends.local.store import BoxStore
 from devbox.boxes import Box, BoxSpec, BoxState, Multiplexer
 from devbox.config import Config
-from devbox.errors import StateError, UsageError
+from devbox.errors import DevboxError, ResourceError, StateError, UsageError
 from devbox.profiles import Profile
 from devbox.ssh import known_hosts
 from devbox.ssh.keys import ensure_user_key
@@ -63,14 +67,13 @@ class LocalBackend:
 
     # --- claim ----------------------------------------------------------------------
 
-    def _reserve(self, spec: BoxSpec, name: str | None) -> Box:
+    def _reserve(self, spec: BoxSpec, name: str) -> bool:
+        """Write the pending record (the name is taken from here on); whether the box
+        folder is new, so that a failed claim removes it whole (else a kept home is in it)."""
         with self.store.locked():
-            if name is None:
-                name = names.generate_name()
-                while self.store.exists(name):
-                    name = names.generate_name()
-            elif self.store.exists(name):
+            if self.store.exists(name):
                 raise UsageError(f"a box named {name!r} already exists (see `devbox ls`)")
+            new = not self.store.box_dir(name).exists()
             box = Box(
                 name=name,
                 owner=_login(),
@@ -80,45 +83,71 @@ class LocalBackend:
                 host="127.0.0.1",
                 created_at=time.time(),
             )
-            self.store.write(box)  # the name is taken from here on
-            return box
+            self.store.write(box)
+            return new
+
+    def _unused_name(self) -> str:
+        name = names.generate_name()
+        # Nor the name of a released box whose home is kept: a new box starts empty.
+        while self.store.box_dir(name).exists():
+            name = names.generate_name()
+        return name
 
     def claim(self, spec: BoxSpec, *, name: str | None = None, port: int = 0) -> Box:
         if name is not None:
             names.validate_name(name)
         owner_key = ensure_user_key()
-        box = self._reserve(spec, name)
-        folder = self.store.box_dir(box.name)
-        private.write_text(folder / "authorized_key", owner_key + "\n")
-        # A box gets a new host key each time it is claimed; the old pin goes with it.
-        (folder / "host_key").unlink(missing_ok=True)
+        chosen = name or self._unused_name()
+        with self.store.name_locked(chosen):
+            return self._claim(spec, chosen, owner_key=owner_key, port=port)
+
+    def _claim(self, spec: BoxSpec, name: str, *, owner_key: str, port: int) -> Box:
+        new_folder = self._reserve(spec, name)
+        folder = self.store.box_dir(name)
         try:
+            private.write_text(folder / "authorized_key", owner_key + "\n")
+            # A box gets a new host key each time it is claimed; the old pin goes with it.
+            (folder / "host_key").unlink(missing_ok=True)
             ready = start_agent(
-                name=box.name,
+                name=name,
                 folder=folder,
                 gpus=spec.gpus,
                 port=port,
                 multiplexer=self.config.multiplexer,
                 timeout=self.config.start_timeout,
             )
-        except BaseException:
-            self.store.remove(box.name)
+            box = self._record_up(name, ready, home=folder / "home")
+            known_hosts.pin(box.name, box.host_key)
+        except BaseException as exc:
+            # Interrupted or failed at any point: first end all that was started, then
+            # forget the name. A second interrupt in here leaves the record, which `ls`
+            # shows and `down` removes: never a process without a record.
+            self._end_processes(name, mux_kind="")
+            known_hosts.unpin(name)
+            # A new folder holds nothing of the user's: no half-made folder stays, but for
+            # the log of an agent that broke, which the error points at.
+            broke = isinstance(exc, DevboxError) and not isinstance(exc, UsageError | ResourceError)
+            if new_folder and not broke:
+                shutil.rmtree(folder, ignore_errors=True)
+            else:
+                self.store.remove(name)
             raise
-        box = dataclasses.replace(
-            box,
-            state=BoxState.RUNNING,
-            port=ready.port,
-            host_key=ready.host_key,
-            host_key_fingerprint=ready.fingerprint,
-            gpu_ids=ready.gpu_ids,
-            extra={
-                "pid": str(ready.pid),
-                "multiplexer": ready.multiplexer,
-                "home": str(folder / "home"),
-            },
-        )
-        self.store.write(box)
-        known_hosts.pin(box.name, box.host_key)
+        return box
+
+    def _record_up(self, name: str, ready: Ready, *, home: Path) -> Box:
+        """The running record, over the record as it is now: what `keep` or the autoscaler
+        wrote during the claim stays."""
+        with self.store.locked():
+            box = dataclasses.replace(
+                self.store.read(name),
+                state=BoxState.RUNNING,
+                port=ready.port,
+                host_key=ready.host_key,
+                host_key_fingerprint=ready.fingerprint,
+                gpu_ids=ready.gpu_ids,
+                extra={"pid": str(ready.pid), "multiplexer": ready.multiplexer, "home": str(home)},
+            )
+            self.store.write(box)
         return box
 
     # --- inspect --------------------------------------------------------------------
@@ -137,14 +166,21 @@ class LocalBackend:
             and time.time() - box.created_at < self.config.start_timeout
         ):
             return box
-        # The kernel dropped the agent's GPU names (devbox.gpulocks) when it died, and no
-        # other process can have inherited them: say so, keep the record.
+        left = self._processes_left(box.name)
+        if left:
+            # Its keeper holds the GPU names for them (keeper.py): the GPUs are not free.
+            what = "still hold its GPUs" if box.gpu_ids else "of the box still run"
+            reason = f"agent is not running; {left} process(es) {what}; `devbox down` ends them"
+        else:
+            # No process of the box is left, so nothing holds its GPU names (gpulocks).
+            reason = "agent is not running (GPUs freed); `devbox down` it"
         return dataclasses.replace(
-            box,
-            state=BoxState.FAILED,
-            last_activity=last_input,
-            reason="agent is not running (GPUs freed); `devbox down` it",
+            box, state=BoxState.FAILED, last_activity=last_input, reason=reason
         )
+
+    def _processes_left(self, name: str) -> int:
+        pid = self.store.keeper_pid(name) if self.store.keeper_alive(name) else None
+        return 0 if pid is None else len(keeper.descendants(pid))
 
     def _with_alerts(self, box: Box) -> Box:
         """The probe's model alerts, as one short cell (extra["alerts"]) for `devbox ls`."""
@@ -156,8 +192,12 @@ class LocalBackend:
 
     def keep(self, name: str, *, until: float) -> Box:
         self.get(name)  # a clear error for a bad or unknown name
-        with self.store.locked():
-            box = dataclasses.replace(self.store.read(name), keep_until=until)
+        # After a claim of the name in progress, before a release: never lost to either.
+        with self.store.name_locked(name), self.store.locked():
+            try:
+                box = dataclasses.replace(self.store.read(name), keep_until=until)
+            except FileNotFoundError:
+                raise UsageError(f"no box named {name!r} (see `devbox ls`)") from None
             self.store.write(box)
         return self._with_live_state(box)
 
@@ -191,26 +231,77 @@ class LocalBackend:
 
     # --- release --------------------------------------------------------------------
 
-    def release(self, name: str, *, purge: bool = False) -> None:
+    def release(
+        self,
+        name: str,
+        *,
+        purge: bool = False,
+        confirm: Callable[[str], None] | None = None,
+        unless_kept: bool = False,
+    ) -> bool:
+        """As the protocol says; `unless_kept` (the autoscaler's): not a box that is kept,
+        judged under the name's lock, so a `keep` just before is never lost (False)."""
         names.validate_name(name)
+        with self.store.name_locked(name):  # after a claim of the name in progress
+            return self._release(name, purge=purge, confirm=confirm, unless_kept=unless_kept)
+
+    def _release(
+        self, name: str, *, purge: bool, confirm: Callable[[str], None] | None, unless_kept: bool
+    ) -> bool:
         folder = self.store.box_dir(name)
         try:
             box: Box | None = self.store.read(name)
         except FileNotFoundError:
+            if purge and folder.is_dir() and not folder.is_symlink():
+                # A released box: only its kept home is left, and this deletes it.
+                _confirm(confirm, f"the kept home of released box {name} ({folder / 'home'})")
+                shutil.rmtree(folder, ignore_errors=True)
+                return False
             raise UsageError(f"no box named {name!r} (see `devbox ls`)") from None
         except StateError:
             box = None  # a corrupted record must not make a box impossible to stop
-        self._stop_agent(name)
+        if unless_kept and box is not None and box.keep_until > time.time():
+            return False
+        if purge:  # asked before anything is stopped: a "no" leaves the box as it was
+            _confirm(confirm, f"the home of box {name} ({folder / 'home'})")
+        self._end_processes(name, mux_kind=box.extra.get("multiplexer", "") if box else "")
         _remove_probe_socket(folder / "home")
-        mux_kind = box.extra.get("multiplexer", "") if box else ""
-        for kind in [mux_kind] if mux_kind else ["screen", "tmux"]:
-            path = shutil.which(kind)
-            if path:  # the agent ends them itself; this covers an agent that died
-                Multiplexer(kind, path).end(name, timeout=2.0)
         self.store.remove(name)
         known_hosts.unpin(name)
         if purge:
             shutil.rmtree(folder, ignore_errors=True)
+        return True
+
+    def _end_processes(self, name: str, *, mux_kind: str) -> None:
+        """End every process of the box, as deleting a pod does; return once all are gone,
+        and with them the box's hold on its GPUs."""
+        if self.store.keeper_alive(name):
+            pid = self.store.keeper_pid(name)
+            if pid is None:
+                raise StateError(f"box {name}: its keeper runs but its pid file is unreadable")
+            os.kill(pid, signal.SIGTERM)  # the keeper ends them all, then itself
+            if self._wait(lambda: not self.store.keeper_alive(name), END_TIMEOUT):
+                return
+            keeper.signal_all(pid, signal.SIGKILL)  # a keeper that hangs: do its work
+            os.kill(pid, signal.SIGKILL)
+            self._wait(lambda: not self.store.keeper_alive(name), STOP_TIMEOUT)
+            return
+        # A box started before keepers existed, or whose keeper was killed: its agent and
+        # the sessions, the processes of the box that can still be found.
+        self._stop_agent(name)
+        for kind in [mux_kind] if mux_kind else ["screen", "tmux"]:
+            path = shutil.which(kind)
+            if path:
+                Multiplexer(kind, path).end(name, timeout=2.0)
+
+    @staticmethod
+    def _wait(done: Callable[[], bool], timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while not done():
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.02)
+        return True
 
     def _stop_agent(self, name: str) -> None:
         if not self.store.agent_alive(name):
@@ -219,12 +310,16 @@ class LocalBackend:
         if pid is None:
             raise StateError(f"box {name}: its agent runs but its pid file is unreadable")
         os.kill(pid, signal.SIGTERM)
-        deadline = time.monotonic() + STOP_TIMEOUT
-        while self.store.agent_alive(name):
-            if time.monotonic() > deadline:
-                os.kill(pid, signal.SIGKILL)
-                deadline = time.monotonic() + STOP_TIMEOUT
-            time.sleep(0.02)
+        if not self._wait(lambda: not self.store.agent_alive(name), STOP_TIMEOUT):
+            os.kill(pid, signal.SIGKILL)
+            self._wait(lambda: not self.store.agent_alive(name), STOP_TIMEOUT)
+
+
+def _confirm(confirm: Callable[[str], None] | None, what: str) -> None:
+    """Destroying a home needs a yes: `confirm` asks (or raises); without one, no purge."""
+    if confirm is None:
+        raise UsageError(f"deleting {what} needs a confirmation")
+    confirm(what)
 
 
 def _remove_probe_socket(home: Path) -> None:

@@ -73,8 +73,8 @@ class LocalWorld:
                 return False  # already gone: never released twice
             if current.keep_until > time.time():
                 return False
-            self.backend.release(action.key)  # the home folder stays
-            return True
+            # Checked again under the name's lock: a `keep` since the look above holds it.
+            return self.backend.release(action.key, unless_kept=True)  # the home stays
         return False  # no warm pool on this machine
 
     def _tell(self, box: Box, text: str) -> None:

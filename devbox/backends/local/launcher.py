@@ -1,17 +1,25 @@
-"""Starts a detached `devbox agent` for a local box and waits for its ready frame."""
+"""Starts a local box, its keeper and through it a detached `devbox agent`, and waits for
+the agent's ready frame; on any failure or interrupt it ends all it started first."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
+import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from devbox import gpulocks, private, protocol
+from devbox.backends.local import keeper
 from devbox.errors import DevboxError, ResourceError, UsageError
+
+# The keeper ends the agent and every process of the box (keeper.py), within its graces.
+END_TIMEOUT = keeper.AGENT_GRACE + keeper.TERM_GRACE + 5.0
 
 
 @dataclass(frozen=True)
@@ -22,15 +30,15 @@ class Ready:
     gpu_ids: tuple[str, ...]
     pid: int
     multiplexer: str
+    keeper: int
 
 
-def _read_frame(fd: int, timeout: float, proc: subprocess.Popen[bytes]) -> bytes:
+def _read_frame(fd: int, timeout: float) -> bytes:
     buf = b""
     deadline = time.monotonic() + timeout
     while not buf.endswith(b"\n"):
         left = deadline - time.monotonic()
         if left <= 0:
-            proc.kill()
             raise DevboxError(f"the box's agent did not start within {timeout:g}s")
         readable, _, _ = select.select([fd], [], [], left)
         if readable:
@@ -77,29 +85,71 @@ def start_agent(
         "--ready-fd",
         str(write_fd),
     ]
-    with os.fdopen(private.open_append(folder / "agent.log"), "ab") as log:
-        proc = subprocess.Popen(
-            argv,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=log,
-            pass_fds=(write_fd,),
-            cwd=home,
-            start_new_session=True,  # detached: survives the terminal closing
-        )
-    os.close(write_fd)
+    proc: subprocess.Popen[bytes] | None = None
     try:
-        raw = _read_frame(read_fd, timeout, proc)
+        with _interrupts_held(), os.fdopen(private.open_append(folder / "agent.log"), "ab") as log:
+            proc = subprocess.Popen(
+                # The keeper lives as long as the box: the standard library only (-I -S).
+                [
+                    sys.executable,
+                    "-I",
+                    "-S",
+                    keeper.__file__,
+                    str(folder / "keeper.lock"),
+                    str(write_fd),
+                    *argv,
+                ],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                pass_fds=(write_fd,),
+                cwd=home,
+                start_new_session=True,  # detached: survives the terminal closing
+            )
+        os.close(write_fd)
+        write_fd = -1
+        raw = _read_frame(read_fd, timeout)
+        if not raw:
+            code = proc.wait()
+            raise DevboxError(
+                f"the box's agent exited ({code}) before it was ready; see {folder / 'agent.log'}"
+            )
+        return _ready(raw, proc)
+    except BaseException:
+        # ctrl-c, a timeout or an error: nothing of the box may outlive the claim.
+        if proc is not None:
+            end_keeper(proc.pid, wait=proc.wait)
+        raise
     finally:
         os.close(read_fd)
-    if not raw:
-        code = proc.wait()
-        raise DevboxError(
-            f"the box's agent exited ({code}) before it was ready; see {folder / 'agent.log'}"
-        )
+        if write_fd >= 0:
+            os.close(write_fd)
+
+
+@contextlib.contextmanager
+def _interrupts_held() -> Iterator[None]:
+    """Holds SIGINT back while the keeper is forked: an interrupt then arrives after Popen
+    has returned, when there is a process to end, never between its fork and its return.
+    (A SIGTERM kills `devbox up` outright, anywhere: it leaves the pending record, which
+    `ls` shows and `down` removes with all the box's processes.)"""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def end_keeper(pid: int, *, wait: Callable[[], object]) -> None:
+    """SIGTERM the box's keeper, which ends every process of the box, and wait for it."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    wait()
+
+
+def _ready(raw: bytes, proc: subprocess.Popen[bytes]) -> Ready:
     frame = protocol.decode(raw.strip())
     if frame.type == protocol.ERROR:
-        proc.wait()
+        proc.wait()  # the agent exits; with nothing else started, so does its keeper
         message = str(frame.body.get("message", "unknown error"))
         kind = frame.body.get("kind")
         if kind == "usage":
@@ -115,4 +165,5 @@ def start_agent(
         gpu_ids=tuple(str(g) for g in body.get("gpu_ids", [])),
         pid=int(body["pid"]),
         multiplexer=str(body.get("multiplexer", "")),
+        keeper=proc.pid,
     )

@@ -2,6 +2,8 @@
 
 boxes/NAME/box.json      the record (written atomically: never half a file)
 boxes/NAME/agent.lock    held by the agent for its whole life: free lock = dead agent
+boxes/NAME/keeper.lock   held by the box's keeper: free lock = no process of the box is left
+locks/NAME.lock          held for a whole claim or release of NAME: one at a time per name
 boxes/NAME/activity.json the agent's view of user activity
 boxes/NAME/alerts.json   model alerts raised by devbox.probe in the box (NaN, exploding, ...)
 boxes/NAME/home/         the box's home folder; kept when the box goes down
@@ -29,6 +31,7 @@ RECORD = "box.json"
 BOX_FILES = (
     RECORD,
     "agent.lock",
+    "keeper.lock",
     "agent.log",
     "activity.json",
     "alerts.json",
@@ -50,6 +53,7 @@ class BoxStore:
         a box's home is closed (0700) but what the user keeps in it is theirs to mode."""
         private.ensure_dir(self.boxes)
         private.tighten([self.root / "claim.lock"])
+        private.tighten_folder(self.root / "locks")
         for folder in self._folders():
             private.tighten([folder, folder / "home", *(folder / f for f in BOX_FILES)])
             # The agent's own folder in the home: the probe pointer and the runs' records.
@@ -69,6 +73,19 @@ class BoxStore:
         """Serialises check-then-create of names among concurrent `devbox up`s."""
         private.ensure_dir(self.boxes)
         fd = os.open(self.root / "claim.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+    @contextlib.contextmanager
+    def name_locked(self, name: str) -> Iterator[None]:
+        """Serialises the operations on one name (a claim, a release, a keep), each for its
+        whole length: a `down` during an `up` waits for the box to be up, then ends it.
+        Outside the box folder, which a purge deletes while another may wait on its lock."""
+        folder = private.ensure_dir(self.root / "locks")
+        fd = os.open(folder / f"{name}.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield
@@ -112,10 +129,14 @@ class BoxStore:
         return lock_held(self.box_dir(name) / "agent.lock")
 
     def agent_pid(self, name: str) -> int | None:
-        try:
-            return int((self.box_dir(name) / "agent.lock").read_text().strip())
-        except (OSError, ValueError):
-            return None
+        return _pid(self.box_dir(name) / "agent.lock")
+
+    def keeper_alive(self, name: str) -> bool:
+        """True while any process of the box lives (its keeper outlives them all)."""
+        return lock_held(self.box_dir(name) / "keeper.lock")
+
+    def keeper_pid(self, name: str) -> int | None:
+        return _pid(self.box_dir(name) / "keeper.lock")
 
     def activity_report(self, name: str) -> tuple[Activity | None, float]:
         """The agent's whole activity record and when it was written (its heartbeat: the
@@ -152,6 +173,13 @@ class BoxStore:
         except (OSError, ValueError, KeyError, TypeError):
             return []
         return [a for a in alerts if isinstance(a, dict)] if isinstance(alerts, list) else []
+
+
+def _pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
 
 
 def _number(value: object) -> float | None:

@@ -1,0 +1,44 @@
+"""What several end-to-end test files ask of a user's boxes, in one place."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import uuid
+from typing import Any
+
+import pytest
+
+from devbox import gpulocks
+from tests import nvml_sim
+from tests.conftest import User
+
+
+def use_multiplexer(user: User, multiplexer: str) -> None:
+    """The user's config chooses `multiplexer` (screen, tmux or none) for new boxes."""
+    if multiplexer != "none" and shutil.which(multiplexer) is None:
+        pytest.skip(f"{multiplexer} is not installed")
+    config = user.home / ".config/devbox/config.toml"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text(f'multiplexer = "{multiplexer}"\n')
+
+
+def runs_by_id(user: User, box: str) -> dict[str, dict[str, Any]]:
+    listed = user.devbox("runs", box, "--json", check=True)
+    return {r["id"]: r for r in json.loads(listed.stdout)}
+
+
+def listed_boxes(user: User) -> dict[str, dict[str, object]]:
+    return {b["name"]: b for b in json.loads(user.devbox("ls", "--json", check=True).stdout)}
+
+
+def one_gpu(user: User) -> str:
+    """The machine has one simulated GPU, of a UUID no other test uses; returns it."""
+    gpu = f"GPU-{uuid.uuid4()}"
+    nvml_sim.write(user.gpu_file, [nvml_sim.SimGpu(uuid=gpu)])
+    return gpu
+
+
+def gpu_held(user: User, gpu: str) -> bool:
+    """Whether some process holds the GPU's lock name, as the kernel lists it."""
+    return bool(gpulocks.held_names(user.env["DEVBOX_GPU_NAMESPACE"], [gpu]))
