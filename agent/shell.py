@@ -9,9 +9,11 @@ import fcntl
 import os
 import signal
 import struct
+import subprocess
 import termios
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import asyncssh
 
@@ -99,71 +101,161 @@ async def _channel_input(
         await write(data)
 
 
-async def _wait_program(process: Process, proc: asyncio.subprocess.Process) -> int | None:
-    """The program's exit status; None when the client went away first (it was hung up on)."""
-    exited = asyncio.ensure_future(proc.wait())
-    closed = asyncio.ensure_future(process.channel.wait_closed())
-    done, _ = await asyncio.wait({exited, closed}, return_when=asyncio.FIRST_COMPLETED)
-    closed.cancel()
-    if exited in done:
-        return exited.result()
-    # As sshd does: SIGHUP the program's group, so a screen client detaches and a
-    # plain command ends, instead of running on without anyone to talk to.
-    _signal_group(proc.pid, signal.SIGHUP)
-    try:
-        await asyncio.wait_for(asyncio.shield(exited), 5)
-    except TimeoutError:
-        _signal_group(proc.pid, signal.SIGKILL)
-        await exited
-    return None
-
-
-async def run_on_pipes(process: Process, launch: Launch) -> None:
-    proc = await asyncio.create_subprocess_exec(
-        *launch.argv,
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
+def _spawn(launch: Launch, stdio: tuple[int, int, int], *, tty: bool) -> subprocess.Popen[bytes]:
+    # subprocess, not asyncio's: asyncio kills a child whose transport is collected before it
+    # ends, and a program whose client went away must run on, even past this agent.
+    return subprocess.Popen(
+        launch.argv,
+        stdin=stdio[0],
+        stdout=stdio[1],
+        stderr=stdio[2],
         env=launch.env,
         cwd=launch.cwd,
         start_new_session=True,
+        preexec_fn=_make_controlling_tty if tty else None,
     )
-    assert proc.stdin and proc.stdout and proc.stderr
-    stdin = proc.stdin
 
-    async def to_program(data: bytes) -> None:
-        stdin.write(data)
-        await stdin.drain()
+
+async def _exited(proc: subprocess.Popen[bytes]) -> int:
+    """The program's exit status, once it has ended (a pidfd wakes the loop for it)."""
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):  # not Linux >= 5.3: look now and then
+        while (status := proc.poll()) is None:
+            await asyncio.sleep(0.05)
+        return status
+    try:
+        while (status := proc.poll()) is None:
+            await _fd_ready(pidfd, write=False)
+        return status
+    finally:
+        os.close(pidfd)
+
+
+async def _wait_program(process: Process, proc: subprocess.Popen[bytes]) -> int | None:
+    """The program's exit status; None when the client went away first.
+
+    No signal is sent then, as under OpenSSH's sshd: the caller closes the program's pipes
+    (it sees EOF, and EPIPE when it writes) or its terminal (the kernel's hangup SIGHUPs
+    the terminal's session), and a `cmd &` job, a nohup or a screen window goes on."""
+    exited = asyncio.ensure_future(_exited(proc))
+    if await _before_close(process, exited):
+        return exited.result()
+    exited.cancel()
+    return None
+
+
+async def _before_close(process: Process, work: asyncio.Future[Any]) -> bool:
+    """Wait for `work`; False when the channel closed first (`work` is left running)."""
+    closed = asyncio.ensure_future(process.channel.wait_closed())
+    try:
+        await asyncio.wait({work, closed}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        closed.cancel()
+    return work.done()
+
+
+# Programs whose client went away while they ran, reaped when they end (a zombie per
+# disconnect otherwise). If the agent ends first, they are reparented and go on.
+_DETACHED: set[asyncio.Task[int]] = set()
+
+
+def _let_run_on(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is not None:
+        return
+    task = asyncio.ensure_future(_exited(proc))
+    _DETACHED.add(task)
+    task.add_done_callback(_DETACHED.discard)
+
+
+class _Fds:
+    """The agent's ends of a program's pipes, each closed once (a number closed twice
+    could be another channel's by then)."""
+
+    def __init__(self, *fds: int) -> None:
+        self.open = set(fds)
+
+    def close(self, fd: int) -> None:
+        if fd in self.open:
+            self.open.discard(fd)
+            os.close(fd)
+
+    def close_all(self) -> None:
+        for fd in list(self.open):
+            self.close(fd)
+
+
+async def _read(fd: int) -> bytes:
+    """The next chunk from a non-blocking fd; b"" at its end."""
+    while True:
+        try:
+            return os.read(fd, CHUNK)
+        except BlockingIOError:
+            await _fd_ready(fd, write=False)
+
+
+async def _write(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view) :]
+        except BlockingIOError:
+            await _fd_ready(fd, write=True)
+
+
+async def run_on_pipes(process: Process, launch: Launch) -> None:
+    # Pipes of the agent's own rather than asyncio's: when the client goes away they are
+    # closed while the program runs on, as sshd does.
+    child_in, to_child = os.pipe()
+    from_out, child_out = os.pipe()
+    from_err, child_err = os.pipe()
+    fds = _Fds(to_child, from_out, from_err)
+    try:
+        proc = _spawn(launch, (child_in, child_out, child_err), tty=False)
+    except BaseException:
+        fds.close_all()
+        raise
+    finally:
+        for fd in (child_in, child_out, child_err):
+            os.close(fd)
+    for fd in (to_child, from_out, from_err):
+        os.set_blocking(fd, False)
 
     async def feed() -> None:
         try:
             await _channel_input(
-                process, launch, to_program, on_resize=lambda *_: None, pid=proc.pid
-            )
+                process, launch, lambda data: _write(to_child, data),
+                on_resize=lambda *_: None, pid=proc.pid,
+            )  # fmt: skip
         except (BrokenPipeError, ConnectionResetError):
-            pass
+            pass  # the program closed its stdin
         finally:
-            stdin.close()
+            fds.close(to_child)  # EOF from the client is EOF for the program
 
-    async def relay(reader: asyncio.StreamReader, writer: asyncssh.SSHWriter[bytes]) -> None:
-        while chunk := await reader.read(CHUNK):
+    async def relay(fd: int, writer: asyncssh.SSHWriter[bytes]) -> None:
+        while chunk := await _read(fd):
             writer.write(chunk)
             await writer.drain()
 
     feeder = asyncio.create_task(feed(), name=f"stdin->{proc.pid}")
-    relays = asyncio.gather(relay(proc.stdout, process.stdout), relay(proc.stderr, process.stderr))
+    relays = asyncio.gather(relay(from_out, process.stdout), relay(from_err, process.stderr))
+    returncode: int | None = None
+    hung_up = False
     try:
         returncode = await _wait_program(process, proc)
-        if returncode is not None:
-            await relays
+        # The output still in the pipes, unless the client goes meanwhile (a `cmd &` job
+        # that holds stdout open keeps it, as under sshd, until it closes it).
+        hung_up = returncode is None or not await _before_close(process, relays)
     finally:
-        if proc.returncode is None:  # cancelled: the agent is shutting down
-            _signal_group(proc.pid, signal.SIGHUP)
         feeder.cancel()
         relays.cancel()
-        with contextlib.suppress(asyncio.CancelledError, OSError):
+        with contextlib.suppress(asyncio.CancelledError, OSError, asyncssh.Error):
             await relays
-    if returncode is not None:
+        fds.close_all()
+        if proc.poll() is None and not hung_up:  # cancelled: the agent is shutting down
+            _signal_group(proc.pid, signal.SIGHUP)
+        _let_run_on(proc)
+    if returncode is not None and not hung_up:
         _exit(process, returncode)
 
 
@@ -172,30 +264,13 @@ async def run_on_pty(process: Process, launch: Launch) -> None:
     width, height, pixwidth, pixheight = process.get_terminal_size()
     _set_winsize(master, width, height, pixwidth, pixheight)
     try:
-        proc = await asyncio.create_subprocess_exec(
-            *launch.argv,
-            stdin=slave,
-            stdout=slave,
-            stderr=slave,
-            env=launch.env,
-            cwd=launch.cwd,
-            start_new_session=True,
-            preexec_fn=_make_controlling_tty,
-        )
+        proc = _spawn(launch, (slave, slave, slave), tty=True)
     except BaseException:
         os.close(master)
         raise
     finally:
         os.close(slave)
     os.set_blocking(master, False)
-
-    async def to_program(data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            try:
-                view = view[os.write(master, view) :]
-            except BlockingIOError:
-                await _fd_ready(master, write=True)
 
     async def relay_output() -> None:
         while True:
@@ -217,25 +292,32 @@ async def run_on_pty(process: Process, launch: Launch) -> None:
         _channel_input(
             process,
             launch,
-            to_program,
+            lambda data: _write(master, data),
             on_resize=lambda w, h, pw, ph: _set_winsize(master, w, h, pw, ph),
             pid=proc.pid,
         ),
         name=f"pty-in->{proc.pid}",
     )
     output = asyncio.create_task(relay_output(), name=f"pty-out<-{proc.pid}")
+    returncode: int | None = None
+    hung_up = False
     try:
         returncode = await _wait_program(process, proc)
+        hung_up = returncode is None
         if returncode is not None:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(asyncio.shield(output), PTY_DRAIN_SECONDS)
     finally:
-        if proc.returncode is None:
+        if proc.poll() is None and not hung_up:  # cancelled: the agent is shutting down
             _signal_group(proc.pid, signal.SIGHUP)
         feeder.cancel()
         output.cancel()
         with contextlib.suppress(asyncio.CancelledError, OSError):
             await output
+        # When the client went away, this is the hangup, as sshd's: the kernel SIGHUPs the
+        # terminal's session leader and foreground job (a screen client detaches, a shell
+        # hangs up its jobs), and what ignores it, such as a nohup job, goes on.
         os.close(master)
+        _let_run_on(proc)
     if returncode is not None:
         _exit(process, returncode)

@@ -146,7 +146,9 @@ class Box:
     def idle_seconds(self, now: float) -> float | None:
         if self.last_activity <= 0:
             return None
-        return max(0.0, now - self.last_activity)
+        # Never idle for longer than the box has been someone's (a backend's activity clock
+        # may start before the claim: a warm pod's agent, a box adopted by a new agent).
+        return max(0.0, now - max(self.last_activity, self.created_at))
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -182,8 +184,24 @@ class Box:
 
 
 def session_name(box_name: str) -> str:
-    """The screen/tmux session of a box; shared by the agent and the backends' cleanup."""
+    """The screen/tmux session of a box; shared by the agent, the runs and the backends.
+
+    screen's `-S NAME` picks any session whose name starts with NAME, so the name ends in
+    a character no box name (a DNS-1123 label) has: `devbox-dx.box` never begins
+    `devbox-dx-2.box`, and every command reaches exactly one box's session.
+    """
+    return f"devbox-{box_name}.box"
+
+
+def _legacy_session_name(box_name: str) -> str:
+    """The name sessions had before session_name ended in ".box"; only ever ended, exactly."""
     return f"devbox-{box_name}"
+
+
+# tmux: the one session in a box's server, and its login window (runs get windows of
+# their own beside it, so a shell is always there to land on).
+TMUX_SESSION = "main"
+LOGIN_WINDOW = "login"
 
 
 @dataclass(frozen=True)
@@ -198,15 +216,22 @@ class Multiplexer:
     path: str = ""
 
     def attach_argv(self, box: str) -> list[str] | None:
-        """The command that creates or joins the box's session; None means a plain shell."""
+        """The command that creates or joins the box's session; None means a plain shell.
+
+        It lands on the login window (screen's window 0, tmux's "login"), never on a run's
+        window that `devbox run` or `devbox attach` left in front, where a stray ctrl-c
+        would end the run."""
         name = session_name(box)
         if self.kind == "screen":
             # -x joins even when another client is attached (two laptops, one session);
             # -RR creates the session the first time.
-            return [self.path, "-xRR", "-S", name]
+            return [self.path, "-xRR", "-S", name, "-p", "0"]
         if self.kind == "tmux":
-            # A server socket per box, so ending the box ends exactly its sessions.
-            return [self.path, "-L", name, "new-session", "-A", "-s", "main"]
+            # A server socket per box, so ending the box ends exactly its sessions; "="
+            # makes a target exact (tmux also matches prefixes).
+            return [self.path, "-L", name, "new-session", "-A", "-s", TMUX_SESSION,
+                    "-n", LOGIN_WINDOW, ";",
+                    "select-window", "-t", f"={TMUX_SESSION}:={LOGIN_WINDOW}"]  # fmt: skip
         return None
 
     def quit_argv(self, box: str) -> list[str] | None:
@@ -235,12 +260,27 @@ class Multiplexer:
         argv = self.quit_argv(box)
         if argv is None:
             return
+        self._end_legacy(box)
         deadline = time.monotonic() + timeout
         while True:
             _quiet(argv)
             if not self.running(box) or time.monotonic() > deadline:
                 return
             time.sleep(0.1)
+
+    def _end_legacy(self, box: str) -> None:
+        """A session a box's agent started under the old name (before an upgrade): ended
+        by its exact `PID.name` (screen) or socket (tmux), so no other box's is touched."""
+        old = _legacy_session_name(box)
+        if self.kind == "tmux":
+            _quiet([self.path, "-L", old, "kill-server"])
+            return
+        if self.kind != "screen":
+            return
+        for line in _quiet([self.path, "-ls", old]).stdout.splitlines():
+            exact = line.strip().split("\t", 1)[0]
+            if exact.partition(".")[2] == old:
+                _quiet([self.path, "-S", exact, "-X", "quit"])
 
     def message_argv(self, box: str, text: str) -> list[str] | None:
         """Shows `text` in every attached client (the autoscaler's warnings)."""
@@ -256,6 +296,17 @@ class Multiplexer:
         argv = self.message_argv(box, text)
         if argv is not None:
             _quiet(argv)
+
+
+def session_warning(box: Box, *, preference: str) -> str:
+    """What `devbox up` says when the box has no persistent session the user did not choose
+    to go without (multiplexer = "none"); empty otherwise, or when the backend cannot tell."""
+    if box.extra.get("multiplexer") != "none" or preference == "none":
+        return ""
+    return (
+        f"devbox: warning: box {box.name}: no screen or tmux on this machine: "
+        "the shell will not survive a disconnect; install screen or tmux"
+    )
 
 
 def release_warning(box: str, reason: str, release_at: float) -> str:

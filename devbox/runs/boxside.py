@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from devbox import private
-from devbox.boxes import session_name
+from devbox.boxes import LOGIN_WINDOW, TMUX_SESSION, session_name
 from devbox.runs import record
 
 # Set by the agent for every session (agent/server.py).
@@ -43,7 +43,6 @@ START_TIMEOUT_SECONDS = 15.0
 # seconds, when the user waits for the first line, and after any output; at most every
 # 100 ms once the run has been quiet for a while.
 QUICK_POLL, SLOW_POLL, QUICK_SECONDS = 0.01, 0.1, 3.0
-TMUX_SESSION = "main"  # as Multiplexer.attach_argv names it
 
 
 class Failure(Exception):
@@ -120,26 +119,43 @@ def _open_window(kind: str, run: record.Run, folder: Path) -> None:
             start_new_session=True,
         )
         return
+    # The run gets a window beside the session's login window, never the session's only
+    # window: `devbox ssh` must land on a shell, where ctrl-c ends nothing of the run's.
     if kind == "screen":
-        # Into the running session when there is one (the usual case, one command), else
-        # a new detached session whose first window is the run.
-        tries = [
-            [path, "-S", session, "-X", "screen", "-t", run.window, *wrapper],
-            [path, "-dmS", session, "-t", run.window, *wrapper],
-        ]
+        # Window numbers from 1: screen's 0 is the login window that attaching selects.
+        open_run = [path, "-S", session, "-X", "screen", "-t", run.window, "1", *wrapper]
+        make_session = [path, "-dmS", session, "-t", LOGIN_WINDOW]
     else:
-        command = shlex.join(wrapper)
-        tries = [
-            [path, "-L", session, "new-window", "-d", "-t", f"{TMUX_SESSION}:", "-n", run.window,
-             command],
-            [path, "-L", session, "new-session", "-d", "-s", TMUX_SESSION, "-n", run.window,
-             command],
-        ]  # fmt: skip
-    result = _quiet(tries[0])
+        open_run = [path, "-L", session, "new-window", "-d", "-t", f"={TMUX_SESSION}:",
+                    "-n", run.window, shlex.join(wrapper)]  # fmt: skip
+        make_session = [path, "-L", session, "new-session", "-d", "-s", TMUX_SESSION,
+                        "-n", LOGIN_WINDOW]  # fmt: skip
+    result = _quiet(open_run)
     if result.returncode != 0:
-        result = _quiet(tries[1])
+        # No session yet (the usual case once, on a box made with --no-attach): make one
+        # with its login shell in the home, as attaching would, then add the run to it.
+        _quiet_in_home(make_session)
+        deadline = time.monotonic() + START_TIMEOUT_SECONDS
+        while (result := _quiet(open_run)).returncode != 0 and time.monotonic() < deadline:
+            time.sleep(0.05)  # screen -dm may return before its session answers
     if result.returncode != 0:
         raise Failure(f"{kind} could not open the run's window: {result.stdout or result.stderr}")
+    if kind == "screen":
+        # screen shows a new window at once, even to a user typing in their shell there
+        # (whose next ctrl-c would end the run): back to what they had (tmux: -d above).
+        _quiet([path, "-S", session, "-X", "other"])
+
+
+def _quiet_in_home(argv: list[str]) -> None:
+    home = os.environ.get("HOME")
+    subprocess.run(
+        argv,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=10,
+        check=False,
+        cwd=home if home and os.path.isdir(home) else None,
+    )
 
 
 def start(root: Path, spec_text: str, *, follow: bool) -> int:
@@ -298,8 +314,8 @@ def attach(root: Path, run_id: str) -> int:
     if run.multiplexer == "screen":
         argv = [path, "-x", "-S", session, "-p", run.window]
     else:
-        argv = [path, "-L", session, "select-window", "-t", f"{TMUX_SESSION}:={run.window}",
-                ";", "attach-session", "-t", TMUX_SESSION]  # fmt: skip
+        argv = [path, "-L", session, "select-window", "-t", f"={TMUX_SESSION}:={run.window}",
+                ";", "attach-session", "-t", f"={TMUX_SESSION}"]  # fmt: skip
     sys.stdout.flush()
     os.execv(path, argv)
 

@@ -17,22 +17,10 @@ from typing import Any
 import pytest
 
 from tests.conftest import User
+from tests.e2e.helpers import runs_by_id, use_multiplexer
 from tests.terminal import Terminal
 
 DEVBOX = f"{sys.executable} -m devbox"
-
-
-def _use(user: User, multiplexer: str) -> None:
-    if multiplexer != "none" and shutil.which(multiplexer) is None:
-        pytest.skip(f"{multiplexer} is not installed")
-    config = user.home / ".config/devbox/config.toml"
-    config.parent.mkdir(parents=True, exist_ok=True)
-    config.write_text(f'multiplexer = "{multiplexer}"\n')
-
-
-def _runs(user: User, box: str) -> dict[str, dict[str, Any]]:
-    listed = user.devbox("runs", box, "--json", check=True)
-    return {r["id"]: r for r in json.loads(listed.stdout)}
 
 
 def _wait_state(
@@ -40,7 +28,7 @@ def _wait_state(
 ) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while True:
-        run = _runs(user, box)[run_id]
+        run = runs_by_id(user, box)[run_id]
         if run["state"] == state:
             return run
         if time.monotonic() > deadline:
@@ -79,7 +67,7 @@ def _git_tree(path: Path) -> str:
 
 @pytest.mark.parametrize("multiplexer", ["screen", "tmux", "none"])
 def test_a_run_outlives_its_killed_client(user: User, tmp_path: Path, multiplexer: str) -> None:
-    _use(user, multiplexer)
+    use_multiplexer(user, multiplexer)
     user.up("exp")
     project = tmp_path / "proj"
     commit = _git_tree(project)
@@ -101,7 +89,7 @@ def test_a_run_outlives_its_killed_client(user: User, tmp_path: Path, multiplexe
     assert run_id, said
     rid = run_id.group(1)
 
-    running = _runs(user, "exp")[rid]
+    running = runs_by_id(user, "exp")[rid]
     assert running["state"] == "running"
     _wait_activity(user, "exp", 1)  # a running experiment is activity for the autoscaler
     (user.box_dir("exp") / "home/proj/go").touch()  # now it may end
@@ -143,9 +131,9 @@ def test_following_ends_with_the_run_its_status_and_a_notification(
     detached = user.devbox("run", "--box", "fol", "--no-sync", "-d", "--", "sleep 30")
     assert detached.returncode == 0
     rid = detached.stdout.decode().strip()
-    assert _runs(user, "fol")[rid]["state"] == "running"
+    assert runs_by_id(user, "fol")[rid]["state"] == "running"
     assert user.devbox("kill", "fol", rid).returncode == 0
-    killed = _runs(user, "fol")[rid]
+    killed = runs_by_id(user, "fol")[rid]
     assert killed["state"] == "killed" and killed["signal"] == "TERM"
     again = user.devbox("kill", "fol", rid)
     assert again.returncode == 2 and b"is not running" in again.stderr
@@ -205,7 +193,7 @@ def test_sync_falls_back_to_sftp_when_the_box_lacks_rsync(user: User, tmp_path: 
 
 @pytest.mark.parametrize("multiplexer", ["screen", "tmux"])
 def test_ctrl_c_detaches_and_attach_and_kill(user: User, term: Terminal, multiplexer: str) -> None:
-    _use(user, multiplexer)
+    use_multiplexer(user, multiplexer)
     user.up("att")
     ticks = "for i in $(seq 1000); do echo tick-$i; sleep 0.2; done"
     first = term.start(f"{DEVBOX} run --box att --no-sync -- '{ticks}'")
@@ -216,7 +204,7 @@ def test_ctrl_c_detaches_and_attach_and_kill(user: User, term: Terminal, multipl
     rid = re.search(r"devbox logs att (\w+) -f", shown.replace("\n", ""))
     assert rid, shown
     run_id = rid.group(1)
-    assert _runs(user, "att")[run_id]["state"] == "running"
+    assert runs_by_id(user, "att")[run_id]["state"] == "running"
 
     joined = term.start(f"{DEVBOX} attach att {run_id}")
     seen = term.wait_for(joined, "tick-")
@@ -226,7 +214,7 @@ def test_ctrl_c_detaches_and_attach_and_kill(user: User, term: Terminal, multipl
     term.wait_for(joined, "EXIT=0")
 
     assert user.devbox("kill", "att", run_id).returncode == 0
-    assert _runs(user, "att")[run_id]["state"] == "killed"
+    assert runs_by_id(user, "att")[run_id]["state"] == "killed"
     gone = user.devbox("attach", "att", run_id)
     assert gone.returncode == 2  # no terminal: said before it even asks the box
 
@@ -280,7 +268,7 @@ def test_bad_input_gets_one_line(user: User, tmp_path: Path) -> None:
         argv = ["setpriv", "--bounding-set=-dac_override,-dac_read_search", "--", *argv]
     denied = subprocess.run(argv, env=user.env, capture_output=True, cwd="/", timeout=30)
     assert "permission denied" in _one_line_error(denied, 2)
-    assert _runs(user, "bad") == {}  # nothing was started by any of it
+    assert runs_by_id(user, "bad") == {}  # nothing was started by any of it
 
 
 def test_a_run_records_and_sees_the_boxs_gpus(user: User) -> None:
@@ -289,5 +277,5 @@ def test_a_run_records_and_sees_the_boxs_gpus(user: User) -> None:
     uuids = ",".join(box["gpu_ids"])  # type: ignore[arg-type]
     seen = user.devbox("run", "--box", "gpu", "--no-sync", "--", "echo $CUDA_VISIBLE_DEVICES")
     assert seen.returncode == 0 and seen.stdout.strip().decode() == uuids
-    (run,) = _runs(user, "gpu").values()
+    (run,) = runs_by_id(user, "gpu").values()
     assert run["gpus"] == uuids and run["git_commit"] is None and run["source"] == ""
