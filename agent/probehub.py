@@ -32,6 +32,13 @@ log = logging.getLogger("devbox.agent.probe")
 
 REQUEST_TIMEOUT = 30.0  # a request no step answered by then: training is paused or stuck
 MAX_ALERTS = 50  # per box; the first ones are kept: they say what broke first
+# Replies and alert notices a subscriber has not read yet. Statistics never pile up (the
+# newest replaces the unsent one), but these must each arrive, so a subscriber that falls
+# this far behind is ended with an ERROR frame rather than buffered for without bound
+# (a stalled one grew the agent by 1 GB in 15 s of NaN alerts).
+MAX_BACKLOG_BYTES = 4 << 20
+MAX_BACKLOG_FRAMES = 1000
+MAX_WAITING = 64  # requests of one subscriber not answered yet
 _ids = itertools.count(1)
 
 
@@ -55,18 +62,31 @@ class Subscriber:
     pending: dict[int, bytes] = field(default_factory=dict)
     notices: list[bytes] = field(default_factory=list)
     ready: asyncio.Event = field(default_factory=asyncio.Event)
+    backlog: int = 0  # bytes in `notices`
+    # Set when `notices` would pass the bound: the subscriber is ended, nothing more kept.
+    overflow: asyncio.Event = field(default_factory=asyncio.Event)
+    waiting: int = 0  # its requests forwarded and not answered yet
 
     def offer(self, key: int, line: bytes) -> None:
+        if self.overflow.is_set():
+            return
         self.pending[key] = line  # replaces an unsent older batch: never a backlog
         self.ready.set()
 
     def notify(self, line: bytes) -> None:
-        self.notices.append(line)
+        if self.overflow.is_set():
+            return
+        if self.backlog + len(line) > MAX_BACKLOG_BYTES or len(self.notices) >= MAX_BACKLOG_FRAMES:
+            self.notices, self.pending, self.backlog = [], {}, 0
+            self.overflow.set()
+        else:
+            self.notices.append(line)
+            self.backlog += len(line)
         self.ready.set()
 
     def take(self) -> list[bytes]:
         lines = self.notices + list(self.pending.values())
-        self.notices, self.pending = [], {}
+        self.notices, self.pending, self.backlog = [], {}, 0
         self.ready.clear()
         return lines
 
@@ -87,6 +107,9 @@ class ProbeHub:
         self.processes: dict[int, ProcessLink] = {}
         self._subs: set[Subscriber] = set()
         self.alerts: list[ProbeAlert] = []
+        # Per alert, the key of the connection that raised it: alerts belong to a process,
+        # and a finished one's give way once a process after it reports healthy.
+        self._alert_links: list[int] = []
         self._alert_keys: set[tuple[int, str, str]] = set()
         # hub request id -> (subscriber, the subscriber's own id)
         self._waiting: dict[int, tuple[Subscriber, int]] = {}
@@ -159,8 +182,13 @@ class ProbeHub:
             raised = frame.body.get("alerts") or []
             if isinstance(raised, list) and raised:
                 self._add_alerts(link, raised)
+            else:
+                self._drop_finished_alerts()
             if frame.body.get("watched"):
-                link.latest = line
+                # Kept for a subscriber who joins while others watch. Not while nobody
+                # does: a report sent as the last one left would be served, later, as now.
+                if self._subs:
+                    link.latest = line
                 for sub in self._subs:
                     sub.offer(link.key, line)
             elif raised:
@@ -171,6 +199,7 @@ class ProbeHub:
             waiting = self._waiting.pop(hub_id, None) if isinstance(hub_id, int) else None
             if waiting is not None:
                 sub, their_id = waiting
+                sub.waiting -= 1
                 sub.notify(protocol.encode(protocol.PROBE_REPLY, **{**frame.body, "id": their_id}))
 
     def _add_alerts(self, link: ProcessLink, raised: list[Any]) -> None:
@@ -178,10 +207,11 @@ class ProbeHub:
         for alert in raised:
             if not isinstance(alert, dict):
                 continue
-            key = (link.pid, str(alert.get("kind", "")), str(alert.get("layer", "")))
+            key = (link.key, str(alert.get("kind", "")), str(alert.get("layer", "")))
             if key in self._alert_keys or len(self.alerts) >= MAX_ALERTS:
                 continue
             self._alert_keys.add(key)
+            self._alert_links.append(link.key)
             self.alerts.append(
                 {
                     "kind": key[1],
@@ -194,9 +224,23 @@ class ProbeHub:
             )
             changed = True
         if changed:
-            self._write_alerts()
-            if self.on_alerts is not None:
-                self.on_alerts(list(self.alerts))
+            self._alerts_changed()
+
+    def _drop_finished_alerts(self) -> None:
+        """A healthy report: the alerts of processes that have ended are history now, not
+        the state of the box (`devbox ls` showed a NaN of the last run next to this one)."""
+        if all(key in self.processes for key in self._alert_links):
+            return
+        kept = [(k, a) for k, a in zip(self._alert_links, self.alerts, strict=True)
+                if k in self.processes]  # fmt: skip
+        self._alert_links, self.alerts = [k for k, _ in kept], [a for _, a in kept]
+        self._alert_keys = {k for k in self._alert_keys if k[0] in self.processes}
+        self._alerts_changed()
+
+    def _alerts_changed(self) -> None:
+        self._write_alerts()
+        if self.on_alerts is not None:
+            self.on_alerts(list(self.alerts))
 
     def _write_alerts(self) -> None:
         if self._alerts_file is None:
@@ -209,6 +253,8 @@ class ProbeHub:
     def _watching_changed(self) -> None:
         line = protocol.encode(protocol.PROBE_CONTROL, watching=bool(self._subs))
         for link in self.processes.values():
+            if not self._subs:
+                link.latest = None  # stale from now on: the process sends no statistics
             with contextlib.suppress(OSError, RuntimeError):
                 link.writer.write(line)
 
@@ -248,16 +294,30 @@ class ProbeHub:
             if link.latest is not None:
                 sub.offer(link.key, link.latest)
         requests = asyncio.ensure_future(self._follow_requests(lines, sub))
+        overflow = asyncio.ensure_future(sub.overflow.wait())
         try:
-            while not requests.done():
+            while not (requests.done() or overflow.done()):
                 ready = asyncio.ensure_future(sub.ready.wait())
                 await asyncio.wait({ready, requests}, return_when=asyncio.FIRST_COMPLETED)
                 ready.cancel()
                 for line in sub.take():
                     write(line)
-                await drain()
-            error = requests.result()
+                # A subscriber that stopped reading blocks here; its overflow ends the wait.
+                drained = asyncio.ensure_future(drain())
+                await asyncio.wait({drained, overflow}, return_when=asyncio.FIRST_COMPLETED)
+                if drained.done():
+                    drained.result()  # raises as drain did: the subscriber went away
+                else:
+                    drained.cancel()
+            if overflow.done():
+                error: str | None = (
+                    f"this subscriber fell more than {MAX_BACKLOG_FRAMES} frames or "
+                    f"{MAX_BACKLOG_BYTES >> 20} MiB behind and was disconnected"
+                )
+            else:
+                error = requests.result()
         finally:
+            overflow.cancel()
             self._subs.discard(sub)
             if not self._subs:
                 self._watching_changed()
@@ -289,7 +349,11 @@ class ProbeHub:
             why = f"no probed process {pid}" if pid is not None else "no probed process"
             sub.notify(_reply_error(their_id, 0, f"{why} in box {self.box}"))
             return
+        if sub.waiting >= MAX_WAITING:
+            sub.notify(_reply_error(their_id, link.pid, f"{MAX_WAITING} requests wait already"))
+            return
         hub_id = next(_ids)
+        sub.waiting += 1
         self._waiting[hub_id] = (sub, their_id)
         link.writer.write(protocol.encode(protocol.PROBE_REQUEST, **{**body, "id": hub_id}))
         asyncio.get_running_loop().call_later(REQUEST_TIMEOUT, self._expire, hub_id, link.pid)
@@ -304,6 +368,7 @@ class ProbeHub:
         waiting = self._waiting.pop(hub_id, None)
         if waiting is not None:
             sub, their_id = waiting
+            sub.waiting -= 1
             message = f"process {pid} did not answer in {REQUEST_TIMEOUT:g} s (training paused?)"
             sub.notify(_reply_error(their_id, pid, message))
 

@@ -80,6 +80,8 @@ _MACS = [
 ]
 # The activity file is rewritten at most this often; input can arrive per keystroke.
 ACTIVITY_WRITE_INTERVAL = 1.0
+# A failing activity write (a full or read-only state disk) is logged at most this often.
+ACTIVITY_FAILURE_LOG_INTERVAL = 300.0
 
 
 @dataclass(kw_only=True)
@@ -117,6 +119,9 @@ class Activity:
         default_factory=lambda: collections.deque(maxlen=4096)
     )
     _written: float = 0.0
+    # Failed writes since the last logged one, and when that was (monotonic; 0: none yet).
+    _failures: int = 0
+    _failure_logged: float = 0.0
 
     def input(self) -> None:
         self.last_input = time.time()
@@ -176,7 +181,28 @@ class Activity:
         if self.path is None or (not force and now - self._written < ACTIVITY_WRITE_INTERVAL):
             return
         self._written = now
-        private.write_text(self.path, json.dumps(self.snapshot()))
+        try:
+            private.write_text(self.path, json.dumps(self.snapshot()))
+        except OSError as exc:
+            # Called as a session opens and on every keystroke: a full state disk must
+            # never refuse or break a session. Only the record is lost (the local box
+            # then looks idle and silent to `devbox ls` and the autoscaler, whose
+            # grace for a silent agent is long), so: keep serving, say so now and then.
+            self._failures += 1
+            if not self._failure_logged or now - self._failure_logged >= (
+                ACTIVITY_FAILURE_LOG_INTERVAL
+            ):
+                log.warning(
+                    "cannot write the activity file %s (%d time(s)): %s; sessions go on",
+                    self.path,
+                    self._failures,
+                    exc.strerror or exc,
+                )
+                self._failure_logged, self._failures = now, 0
+            return
+        if self._failure_logged:
+            log.info("the activity file %s is written again", self.path)
+            self._failure_logged, self._failures = 0.0, 0
 
 
 class Agent:
@@ -215,6 +241,8 @@ class Agent:
         env.update(self.run_env())
         if self.probe_hub is not None:  # where devbox.probe in a training process connects
             env[protocol.PROBE_SOCKET_ENV] = str(self.probe_hub.path)
+        # Where it finds the agent after this one restarts (agent.main writes the file).
+        env[protocol.PROBE_POINTER_ENV] = str(self.box.home / protocol.PROBE_POINTER_FILE)
         for key, value in process.env.items():
             if (
                 isinstance(key, str)
@@ -282,22 +310,10 @@ class Agent:
             process.stderr.write(f"devbox agent: no subsystem {name!r}\r\n".encode())
             process.exit(1)
             return
-        try:
-            status = await self.telemetry.serve(
-                read=process.stdin.read, write=process.stdout.write, drain=process.stdout.drain
-            )
-        except (asyncssh.Error, OSError, BrokenPipeError):
-            return  # the subscriber went away mid-write
-        process.exit(status)
+        await _serve_frames(process, self.telemetry.serve)
 
     async def _probe_subsystem(self, process: shell.Process, hub: ProbeHub) -> None:
-        try:
-            status = await hub.serve(
-                read=process.stdin.read, write=process.stdout.write, drain=process.stdout.drain
-            )
-        except (asyncssh.Error, OSError, BrokenPipeError):
-            return  # the subscriber went away mid-write
-        process.exit(status)
+        await _serve_frames(process, hub.serve)
 
     async def _run(self, process: shell.Process) -> None:
         env = self.session_env(process)
@@ -321,6 +337,24 @@ class Agent:
             await shell.run_on_pty(process, launch)
         else:
             await shell.run_on_pipes(process, launch)
+
+
+async def _serve_frames(process: shell.Process, serve: Callable[..., Awaitable[int]]) -> None:
+    """One frame stream (telemetry, probe) on its channel. Whatever goes wrong in it ends
+    this channel with an ERROR frame: an exception let out of here would make asyncssh
+    drop the whole connection, and with it the user's other channels."""
+    try:
+        status = await serve(
+            read=process.stdin.read, write=process.stdout.write, drain=process.stdout.drain
+        )
+    except (asyncssh.Error, OSError, BrokenPipeError):
+        return  # the subscriber went away mid-write
+    except Exception as exc:
+        log.exception("a %s stream failed", process.subsystem)
+        with contextlib.suppress(asyncssh.Error, OSError):
+            process.stdout.write(protocol.encode(protocol.ERROR, message=f"agent error: {exc}"))
+        status = 1
+    process.exit(status)
 
 
 def _describe(process: shell.Process) -> str:

@@ -7,6 +7,7 @@ and `devbox proxy` (run on every ssh connection) start fast.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 from collections.abc import Callable
@@ -36,7 +37,8 @@ def _number(
         except ValueError:
             kind = "a whole number" if whole else "a number"
             raise argparse.ArgumentTypeError(f"{what} must be {kind}, not {text!r}") from None
-        if value < low or (low_open and value == low) or value > high:
+        # Written so that NaN fails too: every comparison with it is false.
+        if not ((value > low if low_open else value >= low) and value <= high):
             above = f"above {low:g}" if low_open else f"at least {low:g}"
             limit = "" if high == float("inf") else f" and at most {high:g}"
             raise argparse.ArgumentTypeError(f"{what} must be {above}{limit} (got {text})")
@@ -66,7 +68,7 @@ def _duration(text: str) -> float:
         raise argparse.ArgumentTypeError(
             f"duration must be a number and a unit (30m, 4h, 1d), not {text!r}"
         ) from None
-    if not 0 < value <= 30 * 86400:
+    if not 0 < value <= 30 * 86400:  # NaN fails this too
         raise argparse.ArgumentTypeError(f"duration must be above 0 and at most 30d (got {text})")
     return value
 
@@ -132,7 +134,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     down = sub.add_parser("down", parents=[backend], help="release a box (its home is kept)")
     down.add_argument("name")
-    down.add_argument("--purge", action="store_true", help="also delete the box's home folder")
+    down.add_argument(
+        "--purge",
+        action="store_true",
+        help="also delete the box's home folder (asks first); of a released box: its kept home",
+    )
+    down.add_argument(
+        "--yes", "-y", action="store_true", help="with --purge: delete without asking"
+    )
 
     ssh = sub.add_parser(
         "ssh",
@@ -299,19 +308,21 @@ def main(argv: list[str] | None = None) -> int:
                 for name, value in (("context", args.context), ("namespace", args.namespace))
                 if value
             ]
-            make_app(backend=commands.backend_for(args), rate=args.rate, cli_flags=flags).run()
-            return 0
+            app = make_app(backend=commands.backend_for(args), rate=args.rate, cli_flags=flags)
+            app.run()
+            # Textual has shown the traceback of a crash and set 1: a crash is no success.
+            return app.return_code or 0
         if args.command in RUN_COMMANDS:
             from devbox.runs.commands import HANDLERS
 
-            return HANDLERS[args.command](args)
+            return _flushed(HANDLERS[args.command](args))
         if args.command == "completion":
             from devbox.completion import script
 
             names = [c for c in _subcommands() if c != "agent"]
             sys.stdout.write(script(args.shell, commands=names))
-            return 0
-        return commands.dispatch(args)
+            return _flushed(0)
+        return _flushed(commands.dispatch(args))
     except DevboxError as exc:
         if debug:
             raise
@@ -319,6 +330,18 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError as exc:
+        if _stdout_closed():
+            return _quiet_after_closed_stdout()
+        if debug:
+            raise
+        print(f"devbox: error: {_os_error(exc)}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # the system said no: what failed, in one line
+        if debug:
+            raise
+        print(f"devbox: error: {_os_error(exc)}", file=sys.stderr)
+        return 1
     except Exception as exc:  # a bug: still one line, the traceback behind --debug
         if debug:
             raise
@@ -327,6 +350,45 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
+
+
+def _flushed(status: int) -> int:
+    """`status`, once what the command printed is out: a reader that went away (`| head`)
+    is then met here, inside main's handlers, not by the interpreter's exit."""
+    sys.stdout.flush()
+    return status
+
+
+def _stdout_closed() -> bool:
+    """Is stdout a pipe whose reader has gone? (A BrokenPipeError may come from another
+    pipe, which is a failure to report.) Linux and the BSDs report POLLERR for it."""
+    import select
+
+    try:
+        poller = select.poll()
+        poller.register(sys.stdout.fileno(), 0)
+        return any(event & select.POLLERR for _, event in poller.poll(0))
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _quiet_after_closed_stdout() -> int:
+    """End as `yes | head` does: the shell's 128 + SIGPIPE, no message. What is still
+    buffered for stdout goes nowhere, so the interpreter's exit does not fail on it."""
+    import signal
+
+    with contextlib.suppress(OSError, ValueError):
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    return 128 + signal.SIGPIPE
+
+
+def _os_error(exc: OSError) -> str:
+    """An OSError as one line that names what failed: "Permission denied: /path"."""
+    what = exc.strerror or str(exc) or type(exc).__name__
+    names = [str(n) for n in (exc.filename, exc.filename2) if n is not None]
+    return f"{what}: {' -> '.join(names)}" if names else what
 
 
 def _subcommands() -> list[str]:

@@ -123,6 +123,11 @@ def _follow(box: Box, args: argparse.Namespace, *, watch: bool) -> Callable[[pro
         pid = body.get("pid")
         if args.pid is not None and pid != args.pid:
             return True
+        if not watch and not body.get("watched"):
+            # A one-shot shows one fresh report per process (the hub keeps none once the
+            # last watcher leaves, so it waits for the next step's); alerts sent between
+            # reports show in `devbox ls` and in `--watch`.
+            return True
         if args.json:
             print(json.dumps(body), flush=True)
         elif body.get("layers") or body.get("alerts"):

@@ -44,6 +44,10 @@ def decode(line: bytes) -> Frame:
         data = json.loads(line)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise ProtocolError(f"frame is not JSON: {exc}") from None
+    except RecursionError:
+        # `[[[[...` a few thousand deep fits in any size limit; uncaught, it would end
+        # whatever read the frame (before, the whole SSH connection), not one stream.
+        raise ProtocolError("frame is nested too deeply") from None
     if not isinstance(data, dict):
         raise ProtocolError("frame is not a JSON object")
     version, frame_type = data.pop("v", None), data.pop("type", None)
@@ -157,7 +161,8 @@ class Sample(TypedDict):
 
 # --- Probe (devbox.probe, inside training code). Two hops, one format:
 #  1. a training process connects to the agent's probe socket (a Unix socket in a 0700
-#     folder, path in $PROBE_SOCKET_ENV, also written to ~/PROBE_POINTER_FILE), sends
+#     folder, path in $PROBE_SOCKET_ENV, also written to PROBE_POINTER_FILE under the box's
+#     home, whose own path is in $PROBE_POINTER_ENV), sends
 #     PROBE_HELLO, then PROBE_STATS batches; the agent sends it PROBE_CONTROL (is anybody
 #     watching) and PROBE_REQUEST frames, which it answers with PROBE_REPLY;
 #  2. a client opens the SSH subsystem PROBE_SUBSYSTEM and sends PROBE_SUBSCRIBE; the agent
@@ -168,6 +173,9 @@ class Sample(TypedDict):
 PROBE_SUBSYSTEM = "devbox-probe"
 PROBE_SOCKET_ENV = "DEVBOX_PROBE_SOCKET"
 PROBE_POINTER_FILE = ".devbox/probe-socket"  # under the box's home: the socket's path
+# The pointer file's path, in every session: a local box's sessions keep the user's $HOME,
+# not the box's, and an agent restarted since the session began listens somewhere new.
+PROBE_POINTER_ENV = "DEVBOX_PROBE_POINTER"
 PROBE_HELLO = "probe-hello"  # body: pid, cmd, layers (list[str]), every
 PROBE_STATS = "probe-stats"  # body: one ProbeStats
 PROBE_CONTROL = "probe-control"  # body: watching (bool)

@@ -188,7 +188,10 @@ class DevboxApp(App[None]):
                 reason = "the stream ended"
             except DevboxError as exc:
                 reason = exc.message
-            except (OSError, EOFError, ConnectionError) as exc:
+            except Exception as exc:
+                # Whatever one box's stream raises is that box's state, never the app's
+                # end: an uncaught error here quit the dashboard for every box.
+                self.log.error(f"stream of box {box.name} failed: {exc!r}")  # textual console
                 reason = str(exc) or type(exc).__name__
             on_link(box.name, f"lost: {reason}")
             await asyncio.sleep(BACKOFF[min(attempt, len(BACKOFF) - 1)])

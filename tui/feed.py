@@ -232,8 +232,12 @@ class ModelView:
         elif frame.type == protocol.PROBE_STATS:
             pid = int(body.get("pid", 0))
             self.processes.setdefault(pid, "")
-            self.alerts += [{**a, "pid": pid} for a in body.get("alerts") or []]  # type: ignore[typeddict-item]
-            del self.alerts[:-ALERTS]
+            raised = body.get("alerts") or []
+            if raised:
+                self.alerts += [{**a, "pid": pid} for a in raised]  # type: ignore[typeddict-item]
+                del self.alerts[:-ALERTS]
+            else:  # a healthy report: alerts of processes that ended are not current (as the hub)
+                self.alerts = [a for a in self.alerts if a.get("pid") in self.processes]
             if body.get("watched"):
                 self.stats[pid] = body  # type: ignore[assignment]
                 layers: builtins.list[LayerStats] = body.get("layers") or []

@@ -33,16 +33,30 @@ Job = Callable[[], list[bytes]]
 
 
 def socket_path() -> str | None:
-    """Where the agent listens: $DEVBOX_PROBE_SOCKET (set in every session the agent
-    starts), else the path the agent wrote under the box's home (a process started some
-    other way, or an agent restarted since the session began)."""
-    candidates = [os.environ.get(protocol.PROBE_SOCKET_ENV, "")]
-    with contextlib.suppress(OSError):
-        candidates.append((Path.home() / protocol.PROBE_POINTER_FILE).read_text().strip())
+    """Where the agent listens. First the pointer file $DEVBOX_PROBE_POINTER names (set in
+    every session the agent starts): the agent running the box now rewrites it when it
+    starts, so a training process finds an agent restarted since its session began, whose
+    $DEVBOX_PROBE_SOCKET is gone (or, after a kill -9, still there but refusing). Then
+    $DEVBOX_PROBE_SOCKET, then the pointer under $HOME (in a pod, the box's home) for a
+    process started some other way."""
+    pointers = [os.environ.get(protocol.PROBE_POINTER_ENV, ""), ""]
+    with contextlib.suppress(RuntimeError):  # no home to be found
+        pointers[1] = str(Path.home() / protocol.PROBE_POINTER_FILE)
+    candidates = [_read_pointer(pointers[0]), os.environ.get(protocol.PROBE_SOCKET_ENV, "")]
+    candidates.append(_read_pointer(pointers[1]))
     for path in candidates:
         if path and os.path.exists(path):
             return path
     return None
+
+
+def _read_pointer(pointer: str) -> str:
+    if not pointer:
+        return ""
+    try:
+        return Path(pointer).read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return ""
 
 
 class Link:

@@ -3,7 +3,8 @@ malformed line, an ERROR frame and a closed channel mean."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Collection
+import contextlib
+from collections.abc import AsyncIterator, Collection, Iterator
 
 from devbox import protocol
 from devbox.errors import DevboxError
@@ -27,3 +28,18 @@ async def read(
             yield frame
     err = (await process.stderr.read()).decode(errors="replace").strip()
     raise DevboxError(f"box {box} ended the {what} stream" + (f": {err}" if err else ""))
+
+
+@contextlib.contextmanager
+def lost_as_error(box: str, *, what: str) -> Iterator[None]:
+    """asyncssh's errors of a stream as devbox's one-line DevboxError: the dashboard's
+    workers then see a box whose agent died as a lost link to retry, not a crash."""
+    try:
+        yield
+    except asyncssh.ChannelOpenError as exc:
+        raise DevboxError(f"box {box} refused the {what} stream: {exc.reason}") from None
+    except asyncssh.Error as exc:
+        raise DevboxError(f"lost the connection to box {box}: {exc.reason}") from None
+    except (OSError, EOFError) as exc:
+        reason = str(exc) or type(exc).__name__
+        raise DevboxError(f"lost the connection to box {box}: {reason}") from None

@@ -28,26 +28,25 @@ async def frames(
     outbox: asyncio.Queue[ProbeRequest] | None = None,
 ) -> AsyncIterator[protocol.Frame]:
     """HELLO, then PROBE_STATS / PROBE_REPLY / PROBE_GONE frames until the agent ends the
-    stream; an ERROR frame raises. `requests` go up at once, `outbox` ones as they come."""
-    try:
+    stream; an ERROR frame raises. `requests` go up at once, `outbox` ones as they come.
+    A lost connection raises a DevboxError (callers need not know asyncssh)."""
+    with frames_mod.lost_as_error(box, what="probe"):
         process = await conn.create_process(
             subsystem=protocol.PROBE_SUBSYSTEM, encoding=None, window=WINDOW
         )
-    except asyncssh.ChannelOpenError as exc:
-        raise DevboxError(f"box {box} refused the probe stream: {exc.reason}") from None
-    pump: asyncio.Task[None] | None = None
-    try:
-        process.stdin.write(protocol.encode(protocol.PROBE_SUBSCRIBE))
-        for request in requests:
-            process.stdin.write(protocol.encode(protocol.PROBE_REQUEST, **request))
-        if outbox is not None:
-            pump = asyncio.ensure_future(_pump(outbox, process.stdin.write))
-        async for frame in frames_mod.read(process, box=box, what="probe", kinds=_KINDS):
-            yield frame
-    finally:
-        if pump is not None:
-            pump.cancel()
-        process.close()
+        pump: asyncio.Task[None] | None = None
+        try:
+            process.stdin.write(protocol.encode(protocol.PROBE_SUBSCRIBE))
+            for request in requests:
+                process.stdin.write(protocol.encode(protocol.PROBE_REQUEST, **request))
+            if outbox is not None:
+                pump = asyncio.ensure_future(_pump(outbox, process.stdin.write))
+            async for frame in frames_mod.read(process, box=box, what="probe", kinds=_KINDS):
+                yield frame
+        finally:
+            if pump is not None:
+                pump.cancel()
+            process.close()
 
 
 async def _pump(outbox: asyncio.Queue[ProbeRequest], write: Callable[[bytes], None]) -> None:

@@ -22,17 +22,19 @@ WINDOW = 256 * 1024
 async def frames(
     conn: asyncssh.SSHClientConnection, box: str, *, rate: float, history: bool
 ) -> AsyncIterator[protocol.Frame]:
-    """HISTORY and SAMPLE frames until the agent ends the stream; an ERROR frame raises."""
-    process = await conn.create_process(
-        subsystem=protocol.TELEMETRY_SUBSYSTEM, encoding=None, window=WINDOW
-    )
-    try:
-        process.stdin.write(protocol.encode(protocol.SUBSCRIBE, rate=rate, history=history))
-        kinds = (protocol.HISTORY, protocol.SAMPLE)
-        async for frame in frames_mod.read(process, box=box, what="telemetry", kinds=kinds):
-            yield frame
-    finally:
-        process.close()
+    """HISTORY and SAMPLE frames until the agent ends the stream; an ERROR frame raises,
+    and so does a lost connection, as a DevboxError (callers need not know asyncssh)."""
+    with frames_mod.lost_as_error(box, what="telemetry"):
+        process = await conn.create_process(
+            subsystem=protocol.TELEMETRY_SUBSYSTEM, encoding=None, window=WINDOW
+        )
+        try:
+            process.stdin.write(protocol.encode(protocol.SUBSCRIBE, rate=rate, history=history))
+            kinds = (protocol.HISTORY, protocol.SAMPLE)
+            async for frame in frames_mod.read(process, box=box, what="telemetry", kinds=kinds):
+                yield frame
+        finally:
+            process.close()
 
 
 def stream(
