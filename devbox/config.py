@@ -98,8 +98,11 @@ def _validate(data: dict[str, Any], path: Path) -> Config:
         raise UsageError(
             f"config file {path}: multiplexer must be one of {', '.join(MULTIPLEXERS)}"
         )
-    if not 0 < config.start_timeout <= 3600:
-        raise UsageError(f"config file {path}: start_timeout must be in (0, 3600] seconds")
+    if not 0 < config.start_timeout <= 3600:  # false for nan too
+        raise UsageError(
+            f"config file {path}: start_timeout must be in (0, 3600] seconds "
+            f"(got {config.start_timeout:g})"
+        )
     if config.priority_class and not (
         len(config.priority_class) <= 253 and _SUBDOMAIN.match(config.priority_class)
     ):

@@ -4,6 +4,8 @@ UsageError naming the setting, never a silent default."""
 
 from __future__ import annotations
 
+import contextlib
+import math
 import tomllib
 from dataclasses import dataclass, fields
 from typing import Any
@@ -19,6 +21,15 @@ DEFAULT_SIGNALS = ("input", "gpu", "cpu", "probe", "runs")
 CONFIG_MAP = "devbox-autoscaler"  # in the namespace the autoscaler looks after
 CONFIG_KEY = "autoscaler.toml"
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+# Every duration is finite and at most a year: NaN compares false with everything (a box
+# never idles, a pass never releases) and a huge one overflows the clock arithmetic and
+# time formatting into a crash. A pass at most every MIN_INTERVAL: never a busy loop.
+MAX_DURATION = 366 * 86400.0
+MIN_INTERVAL = 0.1
+MAX_INTERVAL = 3600.0
+# Percent of one core: a generous bound (1024 cores), finite so a comparison means something.
+MAX_CPU_THRESHOLD = 102400.0
+MAX_POOL_SIZE = 1000
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,14 +84,17 @@ def duration(value: object, what: str) -> float:
     """Seconds, from a number or a string with a unit ("90s", "30m", "4h", "1d")."""
     if isinstance(value, bool):
         raise UsageError(f"{what} must be a duration (seconds, or 30m, 4h), not {value!r}")
+    seconds: float | None = None
     if isinstance(value, int | float):
-        return float(value)
-    if isinstance(value, str) and value[-1:] in _UNITS:
-        try:
-            return float(value[:-1]) * _UNITS[value[-1]]
-        except ValueError:
-            pass
-    raise UsageError(f"{what} must be a duration (seconds, or 30m, 4h), not {value!r}")
+        seconds = float(value)
+    elif isinstance(value, str) and value[-1:] in _UNITS:
+        with contextlib.suppress(ValueError):  # not a number: the error below
+            seconds = float(value[:-1]) * _UNITS[value[-1]]
+    if seconds is None:
+        raise UsageError(f"{what} must be a duration (seconds, or 30m, 4h), not {value!r}")
+    if not math.isfinite(seconds):  # nan, inf, and 1e309 (which TOML reads as inf)
+        raise UsageError(f"{what} must be a finite duration, not {value!r}")
+    return seconds
 
 
 def parse(text: str, *, source: str) -> Settings:
@@ -129,8 +143,17 @@ def _settings(data: dict[str, Any]) -> Settings:
 def _check(s: Settings) -> None:
     for key in _DURATIONS:
         value = getattr(s, key)
-        if value < 0 or (value == 0 and key not in ("grace", "max_lifetime")):
+        if not math.isfinite(value) or value < 0:
+            raise UsageError(f"{key} must be a duration of at least 0 (got {value:g})")
+        if value == 0 and key not in ("grace", "max_lifetime"):
             raise UsageError(f"{key} must be above 0 (got {value:g})")
+        if value > MAX_DURATION:
+            raise UsageError(f"{key} must be at most 366d (got {value:g}s)")
+    if not MIN_INTERVAL <= s.interval <= MAX_INTERVAL:
+        raise UsageError(
+            f"interval must be between {MIN_INTERVAL:g}s and {MAX_INTERVAL:g}s "
+            f"(got {s.interval:g}s)"
+        )
     if s.warning >= s.idle_timeout:
         raise UsageError(
             f"warning ({s.warning:g}s) must be shorter than idle_timeout ({s.idle_timeout:g}s)"
@@ -141,10 +164,16 @@ def _check(s: Settings) -> None:
         raise UsageError("unhealthy_release_after must be longer than unhealthy_after")
     if s.max_releases_per_pass < 1:
         raise UsageError("max_releases_per_pass must be at least 1")
-    if not 0 <= s.gpu_util_threshold <= 100:
-        raise UsageError("gpu_util_threshold must be a percentage between 0 and 100")
-    if s.cpu_threshold < 0:
-        raise UsageError("cpu_threshold must be at least 0 (percent of one core)")
+    if not 0 <= s.gpu_util_threshold <= 100:  # false for nan too
+        raise UsageError(
+            "gpu_util_threshold must be a percentage between 0 and 100 "
+            f"(got {s.gpu_util_threshold:g})"
+        )
+    if not 0 <= s.cpu_threshold <= MAX_CPU_THRESHOLD:
+        raise UsageError(
+            f"cpu_threshold must be between 0 and {MAX_CPU_THRESHOLD:g} (percent of one core; "
+            f"got {s.cpu_threshold:g})"
+        )
     if not 0 <= s.metrics_port <= 65535:
         raise UsageError("metrics_port must be between 0 (off) and 65535")
 
@@ -152,6 +181,8 @@ def _check(s: Settings) -> None:
 def _number(value: object, what: str) -> float:
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise UsageError(f"{what} must be a number, not {value!r}")
+    if not math.isfinite(value):
+        raise UsageError(f"{what} must be a finite number, not {value!r}")
     return float(value)
 
 
@@ -174,6 +205,8 @@ def _pools(raw: object) -> tuple[PoolTarget, ...]:
         size = _whole(entry.get("size"), "pool size")
         if (gpus is not None and gpus < 0) or size < 0:
             raise UsageError("pool gpus and size must be at least 0")
+        if size > MAX_POOL_SIZE:
+            raise UsageError(f"pool size must be at most {MAX_POOL_SIZE} (got {size})")
         if (profile, gpus) in out:
             with_gpus = "its own GPU count" if gpus is None else f"{gpus} GPU(s)"
             raise UsageError(f"pool {profile!r} with {with_gpus} is listed twice")

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from devbox.autoscaler import policy
-from devbox.autoscaler.config import Settings
+from devbox.autoscaler.config import MAX_INTERVAL, MIN_INTERVAL, Settings
 from devbox.autoscaler.metrics import Metrics
 from devbox.autoscaler.state import Released, State
 
@@ -125,13 +125,20 @@ class Autoscaler:
 
     def run(self, stop: threading.Event) -> None:
         """Reconcile every `interval` until stop; a failed pass is logged and retried."""
+        # parse() checks the interval; Settings made in code are not. A zero, tiny or NaN
+        # wait returns at once (a busy loop) and an infinite one raises OverflowError (the
+        # loop dies): clamp, with `not >=` so that NaN clamps too.
+        wait = self.settings.interval
+        if not wait >= MIN_INTERVAL:
+            wait = MIN_INTERVAL
+        wait = min(wait, MAX_INTERVAL)
         while not stop.is_set():
             try:
                 self.reconcile()
             except Exception:
                 log.exception("reconcile pass failed; retrying")
                 self.metrics.pass_failed()
-            stop.wait(self.settings.interval)
+            stop.wait(wait)
 
 
 def _describe(action: policy.Action) -> str:

@@ -45,11 +45,15 @@ def _write(path: Path, lines: list[str]) -> None:
 def pin(box_name: str, host_key: str, path: Path | None = None) -> None:
     path = path or paths.known_hosts_file()
     host = alias(box_name)
+    key = " ".join(host_key.split()[:2])
     with _locked(path):
-        lines = [ln for ln in _read(path) if ln.split(" ", 1)[0] != host]
-        key = " ".join(host_key.split()[:2])
+        current = _read(path)
+        lines = [ln for ln in current if ln.split(" ", 1)[0] != host]
         lines.append(f"{host} {key}")
-        _write(path, lines)
+        # `ssh-config` re-pins every box each time: a pin already there is not rewritten,
+        # so a full state disk (or a read-only one) does not fail what changes nothing.
+        if sorted(lines) != sorted(current):
+            _write(path, lines)
 
 
 def unpin(box_name: str, path: Path | None = None) -> None:

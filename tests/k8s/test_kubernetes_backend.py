@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from devbox.protocol import home_folder
-from tests.conftest import REPO, make_user
+from tests.conftest import REPO, ls_table, make_user
 from tests.k8s.conftest import Cluster, KubeUser, configure, kube_user, new_namespace
 from tests.waiting import wait_until
 
@@ -236,3 +236,31 @@ def test_keep_annotates_the_pod(kube: KubeUser) -> None:
     kube.devbox("keep", "kk", "--off", check=True)
     (box,) = json.loads(kube.devbox("ls", "--json", check=True).stdout)
     assert box["keep_until"] == 0
+
+
+def test_a_box_from_the_warm_pool_is_idle_no_longer_than_its_age(kube: KubeUser) -> None:
+    """Issue 16 (14f): AGE and IDLE both count from the claim. The warm pod's agent
+    started (and began its activity clock) before anyone claimed it."""
+    warm = json.loads(kube.devbox("pool", "warm", "--size", "1", "--json", check=True).stdout)
+    pooled = warm[0]["extra"]["pod"]
+    made = time.time()
+    # A gap between the pod's start and the claim that whole seconds in `ls` can show.
+    wait_until(lambda: time.time() > made + 4, timeout=10, what="the warm pod to age", every=0.5)
+    box = json.loads(kube.devbox("up", "fromwarm", "--no-attach", "--json", check=True).stdout)
+    assert box["extra"]["pod"] == pooled
+
+    def listed() -> dict[str, Any] | None:
+        found = json.loads(kube.devbox("ls", "--json", check=True).stdout)
+        mine = next(b for b in found if b["name"] == "fromwarm")
+        return mine if mine["last_activity"] > 0 else None  # the Lease carries activity
+
+    mine = wait_until(listed, timeout=40, what="the box's activity on its Lease", every=1)
+    # IDLE <= AGE: no activity clock runs from before the claim.
+    assert mine["last_activity"] >= mine["created_at"], mine
+    cells = ls_table(kube.devbox("ls", check=True).stdout.decode())["fromwarm"]
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+    def seconds(cell: str) -> int:
+        return int(cell[:-1]) * units[cell[-1]]
+
+    assert seconds(cells["IDLE"]) <= seconds(cells["AGE"]), cells

@@ -311,6 +311,7 @@ def to_box(pod: dict[str, Any], *, last_input: float = 0.0) -> Box:
     resources = containers[0].get("resources") or {}
     limits, requests = resources.get("limits") or {}, resources.get("requests") or {}
     created = meta.get("creationTimestamp")
+    claimed = _seconds(ann.get(p.ANN_CLAIMED_AT))
     selector = spec.get("nodeSelector") or {}
     return Box(
         name=labels.get(p.LABEL_BOX) or meta["name"],
@@ -336,9 +337,11 @@ def to_box(pod: dict[str, Any], *, last_input: float = 0.0) -> Box:
         unhealthy_since=_seconds(ann.get(p.ANN_UNHEALTHY_SINCE)),
         # A warm pod's box begins when it is claimed, not when the pool made it; the
         # pod's own time is RFC 3339 with a Z, as the API server writes it.
-        created_at=_seconds(ann.get(p.ANN_CLAIMED_AT))
+        created_at=claimed
         or (datetime.fromisoformat(created.replace("Z", "+00:00")).timestamp() if created else 0.0),
-        last_activity=last_input,
+        # The agent of a warm pod counts from its own start, while the pool held it; the
+        # box is its user's from the claim, so idle counts from there too (IDLE <= AGE).
+        last_activity=max(last_input, claimed) if last_input else 0.0,
         reason=why,
         extra={
             "pod": meta["name"],
