@@ -315,7 +315,9 @@ async def _probe_hub(args: argparse.Namespace, agent: Agent) -> ProbeHub | None:
 
     # Short (Unix socket paths are at most 107 bytes) and private to this agent: a 0700
     # folder of its own, so that only the box's owner can connect.
-    path = args.probe_socket or Path(tempfile.mkdtemp(prefix="devbox-probe-")) / "probe.sock"
+    path = args.probe_socket or (
+        Path(tempfile.mkdtemp(prefix=protocol.PROBE_FOLDER_PREFIX)) / "probe.sock"
+    )
     hub = ProbeHub(
         box=args.name, path=path, on_batch=agent.activity.probe, alerts_file=args.alerts_file
     )
@@ -324,12 +326,31 @@ async def _probe_hub(args: argparse.Namespace, agent: Agent) -> ProbeHub | None:
         # For processes not started from one of the agent's sessions: devbox.probe looks here.
         pointer = Path(args.home) / protocol.PROBE_POINTER_FILE
         pointer.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        _remove_dead_probe_folder(pointer, keep=path)
         private.write_text(pointer, f"{path}\n")
     except OSError as exc:
         logging.getLogger("devbox.agent").error("no probe hub: %s", exc)
         return None
     agent.probe_hub = hub
     return hub
+
+
+def _remove_dead_probe_folder(pointer: Path, *, keep: Path) -> None:
+    """The socket folder of the agent before this one on the box (killed, it could not clean
+    up): one empty folder in /tmp per crash otherwise. Not while something still listens."""
+    import socket
+
+    try:
+        old = Path(pointer.read_text().strip())
+    except (OSError, ValueError):
+        return
+    if old == keep:
+        return
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(str(old))
+        except OSError:
+            private.remove_own_temp_folder(old.parent, protocol.PROBE_FOLDER_PREFIX)
 
 
 def _telemetry(

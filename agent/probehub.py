@@ -137,7 +137,7 @@ class ProbeHub:
             link.writer.close()
         with contextlib.suppress(OSError):
             self.path.unlink()
-            if self.path.parent.name.startswith("devbox-probe-"):  # the agent's own mkdtemp
+            if self.path.parent.name.startswith(protocol.PROBE_FOLDER_PREFIX):  # its own mkdtemp
                 self.path.parent.rmdir()
 
     async def _serve_process(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import stat
 import tempfile
 from collections.abc import Iterable
@@ -91,3 +92,18 @@ def open_append(path: Path) -> int:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW, FILE_MODE)
     os.fchmod(fd, FILE_MODE)
     return fd
+
+
+def remove_own_temp_folder(folder: Path, prefix: str) -> None:
+    """Delete `folder` if it is one this user made with tempfile.mkdtemp(prefix=prefix): a
+    real folder (no symlink) so named, owned by this uid. Its path comes from a file that
+    whatever runs in the box can rewrite, so it is checked, not trusted. (Not checked: which
+    temp folder it is in, as $TMPDIR differs between the agents of one box.)"""
+    if not folder.name.startswith(prefix):
+        return
+    try:
+        st = os.lstat(folder)
+    except OSError:
+        return
+    if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid():
+        shutil.rmtree(folder, ignore_errors=True)  # by descriptors: never follows a link

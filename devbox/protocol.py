@@ -172,6 +172,7 @@ class Sample(TypedDict):
 # A float that is NaN or infinite travels as null; the nan/inf counts say why.
 PROBE_SUBSYSTEM = "devbox-probe"
 PROBE_SOCKET_ENV = "DEVBOX_PROBE_SOCKET"
+PROBE_FOLDER_PREFIX = "devbox-probe-"  # the agent's private temp folder for the socket
 PROBE_POINTER_FILE = ".devbox/probe-socket"  # under the box's home: the socket's path
 # The pointer file's path, in every session: a local box's sessions keep the user's $HOME,
 # not the box's, and an agent restarted since the session began listens somewhere new.

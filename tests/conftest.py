@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from devbox import private, protocol
 from devbox.boxes import session_name
 from tests import nvml_sim
 from tests.terminal import Terminal
@@ -132,8 +133,7 @@ class User:
                 os.kill(int((folder / "agent.lock").read_text().strip()), signal.SIGKILL)
             with contextlib.suppress(OSError):  # a killed agent's probe socket folder
                 socket_path = Path((folder / "home/.devbox/probe-socket").read_text().strip())
-                if socket_path.parent.name.startswith("devbox-probe-"):
-                    shutil.rmtree(socket_path.parent, ignore_errors=True)
+                private.remove_own_temp_folder(socket_path.parent, protocol.PROBE_FOLDER_PREFIX)
             # Exact: screen's -S matches prefixes, and box "dx" must not end "dx-2"'s.
             session = session_name(folder.name)
             for tool, args in (

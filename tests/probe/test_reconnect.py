@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -91,12 +92,17 @@ def test_training_reconnects_to_a_restarted_agent(
     as_user.up("phoenix", "--gpus", "0")
     trainer = trainers("phoenix", "--every", "1")
     assert _first_report(as_user, "phoenix")["pid"] == trainer.pid
+    pointer = as_user.box_dir("phoenix") / "home" / protocol.PROBE_POINTER_FILE
+    killed_agents_folder = Path(pointer.read_text().strip()).parent
     _restart_agent("phoenix", restarted)
     done = len(trainer.steps())
     # The same process, never restarted, reports to the new agent.
     report = _first_report(as_user, "phoenix")
     assert report["pid"] == trainer.pid and report["step"] >= done
     assert trainer.alive()
+    # The killed agent could not remove its socket's folder: the new one did, as it
+    # started its own probe hub (done before the report above came through it).
+    assert not killed_agents_folder.exists()
 
 
 def test_a_one_shot_report_is_of_now_not_cached(user: User, trainers: Any) -> None:  # noqa: F811

@@ -328,5 +328,4 @@ def _remove_probe_socket(home: Path) -> None:
         path = Path((home / protocol.PROBE_POINTER_FILE).read_text().strip())
     except OSError:
         return
-    if path.parent.name.startswith("devbox-probe-"):
-        shutil.rmtree(path.parent, ignore_errors=True)
+    private.remove_own_temp_folder(path.parent, protocol.PROBE_FOLDER_PREFIX)
