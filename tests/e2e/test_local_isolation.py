@@ -28,6 +28,7 @@ from pathlib import Path
 
 import pytest
 
+from devbox import protocol
 from tests import nvml_sim
 from tests.conftest import REPO, new_gpu_namespace
 from tests.waiting import wait_until
@@ -193,6 +194,11 @@ class Machine:
             _kill_processes_of(user.uid)
             subprocess.run(["userdel", user.name], capture_output=True, check=False)
             shutil.rmtree(user.env["TMUX_TMPDIR"], ignore_errors=True)
+            # Its agents were killed, so their probe socket folders outlived them.
+            for folder in Path(tempfile.gettempdir()).glob(f"{protocol.PROBE_FOLDER_PREFIX}*"):
+                with contextlib.suppress(OSError):
+                    if folder.lstat().st_uid == user.uid and folder.is_dir():
+                        shutil.rmtree(folder)
 
 
 def _kill_processes_of(uid: int) -> None:
