@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
+import subprocess
+import sys
 import uuid
 from typing import Any
 
@@ -42,3 +45,24 @@ def one_gpu(user: User) -> str:
 def gpu_held(user: User, gpu: str) -> bool:
     """Whether some process holds the GPU's lock name, as the kernel lists it."""
     return bool(gpulocks.held_names(user.env["DEVBOX_GPU_NAMESPACE"], [gpu]))
+
+
+def start_devbox(user: User, *args: str, foreground_job: bool = False) -> subprocess.Popen[bytes]:
+    """`devbox ARGS` as the user, running; stdout and stderr piped. `foreground_job`: in a
+    process group of its own whose ctrl-c is never ignored, as a terminal's foreground job
+    (the suite's own SIGINT may be ignored: a shell without job control starts `cmd &` so,
+    and its children inherit it; a CI run once saw every ctrl-c of a test ignored so)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "devbox", *args],
+        env=user.env,
+        cwd=user.home,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=foreground_job,
+        preexec_fn=_default_sigint if foreground_job else None,
+    )
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

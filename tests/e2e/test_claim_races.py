@@ -10,7 +10,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 
@@ -20,23 +19,7 @@ from devbox.backends.local import LocalBackend
 from devbox.config import Config
 from devbox.locks import lock_held
 from tests.conftest import User
-from tests.e2e.helpers import gpu_held, listed_boxes, one_gpu
-
-
-def _start(user: User, *args: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "devbox", *args],
-        env=user.env,
-        cwd=user.home,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,  # a group of its own, as a terminal's foreground job
-        # whose ctrl-c is never ignored. The suite's own SIGINT may be: a shell without job
-        # control starts `cmd &` so, and its children inherit it (a CI run saw every ctrl-c
-        # of the sweep ignored, so every claim completed).
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
+from tests.e2e.helpers import gpu_held, listed_boxes, one_gpu, start_devbox
 
 
 def _milestone(user: User, name: str, what: str) -> Callable[[], bool]:
@@ -83,7 +66,9 @@ def test_ctrl_c_at_any_moment_of_up_leaves_a_box_or_nothing(user: User) -> None:
     gpu = one_gpu(user)
     outcomes, codes = [], []
     for moment in MOMENTS:
-        up = _start(user, "up", "job", "--gpus", "1", "--no-attach", "--json")
+        up = start_devbox(
+            user, "up", "job", "--gpus", "1", "--no-attach", "--json", foreground_job=True
+        )
         if isinstance(moment, str):
             _wait_or_exit(up, _milestone(user, "job", moment))
         else:
@@ -136,10 +121,12 @@ def test_up_and_down_of_one_name_racing_always_agree(user: User) -> None:
     gpu = one_gpu(user)
     starts: list[str | None] = [None, "record", "keeper", "agent", "host key"] * 2
     for when in starts:
-        up = _start(user, "up", "race", "--gpus", "1", "--no-attach", "--json")
+        up = start_devbox(
+            user, "up", "race", "--gpus", "1", "--no-attach", "--json", foreground_job=True
+        )
         if when is not None:
             _wait_or_exit(up, _milestone(user, "race", when))
-        down = _start(user, "down", "race")
+        down = start_devbox(user, "down", "race", foreground_job=True)
         up_out, up_err = up.communicate(timeout=60)
         _, down_err = down.communicate(timeout=60)
         assert up.returncode == 0, up_err  # one free GPU, one claim: it comes up
@@ -156,7 +143,7 @@ def test_up_and_down_of_one_name_racing_always_agree(user: User) -> None:
 
 
 def test_a_keep_during_a_claim_is_kept(user: User) -> None:
-    up = _start(user, "up", "held", "--no-attach", "--json")
+    up = start_devbox(user, "up", "held", "--no-attach", "--json", foreground_job=True)
     _wait_or_exit(up, _milestone(user, "held", "record"))
     assert up.poll() is None, "the claim ended before the keep could race it"
     # In this process, so the keep is done within the claim (a `devbox keep` process would

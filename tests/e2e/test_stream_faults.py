@@ -21,6 +21,7 @@ from devbox.config import Config
 from devbox.ssh import client
 from devbox.ssh._asyncssh import asyncssh
 from tests.conftest import User
+from tests.e2e.helpers import start_devbox
 from tests.waiting import wait_until
 
 MIB = 1 << 20
@@ -167,14 +168,7 @@ def test_a_reader_that_closes_the_pipe_ends_devbox_quietly(user: User) -> None:
         user.up(name)
     for args in (("ls", "--json"), ("ls",), ("--help",), ("ssh-config",)):
         # The reader is gone before devbox writes a byte: its write meets EPIPE for sure.
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "devbox", *args],
-            env=user.env,
-            cwd=user.home,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-        )
+        proc = start_devbox(user, *args)
         assert proc.stdout is not None and proc.stderr is not None
         proc.stdout.close()
         err = proc.stderr.read()
