@@ -8,7 +8,7 @@ import logging
 from collections.abc import Callable
 from pathlib import Path
 
-from agent.server import Activity
+from agent.activity import Activity
 from devbox.runs.record import count_running
 
 log = logging.getLogger("devbox.agent")

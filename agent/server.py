@@ -4,17 +4,15 @@ persistent session, exec, SFTP, and port forwarding."""
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
-import json
+import functools
 import logging
 import os
 import pwd
 import socket
 import sys
-import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +20,10 @@ import asyncssh
 from asyncssh.kex import get_kex_algs
 
 from agent import preauth, shell
+from agent.activity import Activity
 from agent.probehub import ProbeHub
 from agent.telemetry import Telemetry
-from devbox import private, protocol
+from devbox import protocol
 from devbox.boxes import Multiplexer
 from devbox.runs.record import RUNS_ENV
 
@@ -78,10 +77,6 @@ _MACS = [
     "hmac-sha2-256",
     "hmac-sha2-512",
 ]
-# The activity file is rewritten at most this often; input can arrive per keystroke.
-ACTIVITY_WRITE_INTERVAL = 1.0
-# A failing activity write (a full or read-only state disk) is logged at most this often.
-ACTIVITY_FAILURE_LOG_INTERVAL = 300.0
 
 
 @dataclass(kw_only=True)
@@ -100,109 +95,6 @@ class BoxIdentity:
     home_is_home: bool = False
     # In a pod: re-reads the owner from the pod, for a key the watch has not brought yet.
     refresh_owner: Callable[[], Awaitable[None]] | None = None
-
-
-@dataclass
-class Activity:
-    """What the box's users do: the autoscaler and `devbox ls` read it from the activity file."""
-
-    path: Path | None
-    last_input: float = field(default_factory=time.time)
-    clients: int = 0
-    # A training loop with nobody typing is activity: the probe hub notes each batch it gets.
-    last_probe: float = 0.0
-    # `devbox run` experiments still running in the box.
-    runs: int = 0
-    # (time, mean GPU util, CPU of the box's processes) per telemetry sample, newest last:
-    # the autoscaler reads the peak over protocol.ACTIVITY_WINDOW.
-    _load: collections.deque[tuple[float, float | None, float | None]] = field(
-        default_factory=lambda: collections.deque(maxlen=4096)
-    )
-    _written: float = 0.0
-    # Failed writes since the last logged one, and when that was (monotonic; 0: none yet).
-    _failures: int = 0
-    _failure_logged: float = 0.0
-
-    def input(self) -> None:
-        self.last_input = time.time()
-        self._maybe_write()
-
-    def probe(self) -> None:
-        self.last_probe = time.time()
-        self._maybe_write()
-
-    def set_runs(self, count: int) -> None:
-        if count != self.runs:
-            self.runs = count
-            self._maybe_write(force=True)
-
-    def observe(self, sample: protocol.Sample) -> None:
-        """Note a telemetry sample's load figures (the sampler already took them)."""
-        utils = [g["util"] for g in sample["gpus"] if g["util"] is not None]
-        me = os.getpid()
-        cpus = [p["cpu"] for p in sample["processes"] if p["pid"] != me and p["cpu"] is not None]
-        t = sample["t"]
-        self._load.append(
-            (
-                t,
-                sum(utils) / len(utils) if utils else None,
-                sum(cpus) if cpus else (0.0 if sample["processes"] else None),
-            )
-        )
-        while self._load[0][0] < t - protocol.ACTIVITY_WINDOW:
-            self._load.popleft()
-        # Rewritten at most once a second: its age is also the local box's heartbeat.
-        self._maybe_write()
-
-    def _peaks(self) -> tuple[float | None, float | None]:
-        load = list(self._load)
-        gpus = [g for _, g, _ in load if g is not None]
-        cpus = [c for _, _, c in load if c is not None]
-        return (max(gpus) if gpus else None), (max(cpus) if cpus else None)
-
-    def snapshot(self) -> protocol.Activity:
-        # Read from the telemetry thread: plain attribute reads, no lock needed.
-        gpu_util, cpu = self._peaks()
-        return {
-            "clients": self.clients,
-            "last_input": self.last_input,
-            "last_probe": self.last_probe,
-            "runs": self.runs,
-            "gpu_util": gpu_util,
-            "cpu": cpu,
-        }
-
-    def client(self, delta: int) -> None:
-        self.clients += delta
-        self._maybe_write(force=True)
-
-    def _maybe_write(self, *, force: bool = False) -> None:
-        now = time.monotonic()
-        if self.path is None or (not force and now - self._written < ACTIVITY_WRITE_INTERVAL):
-            return
-        self._written = now
-        try:
-            private.write_text(self.path, json.dumps(self.snapshot()))
-        except OSError as exc:
-            # Called as a session opens and on every keystroke: a full state disk must
-            # never refuse or break a session. Only the record is lost (the local box
-            # then looks idle and silent to `devbox ls` and the autoscaler, whose
-            # grace for a silent agent is long), so: keep serving, say so now and then.
-            self._failures += 1
-            if not self._failure_logged or now - self._failure_logged >= (
-                ACTIVITY_FAILURE_LOG_INTERVAL
-            ):
-                log.warning(
-                    "cannot write the activity file %s (%d time(s)): %s; sessions go on",
-                    self.path,
-                    self._failures,
-                    exc.strerror or exc,
-                )
-                self._failure_logged, self._failures = now, 0
-            return
-        if self._failure_logged:
-            log.info("the activity file %s is written again", self.path)
-            self._failure_logged, self._failures = 0.0, 0
 
 
 class Agent:
@@ -330,9 +222,11 @@ class Agent:
                 )
         else:
             argv = [self.login_shell, "-l"]
-        launch = shell.Launch(
-            argv=argv, env=env, cwd=str(self.box.home), on_input=self.activity.input
-        )
+        # Keys in a terminal are a person; a script on stdin or a pipe counts past the floor.
+        on_input = self.activity.keys if pty else functools.partial(self.activity.traffic, "exec")
+        if command is not None:
+            self.activity.input()  # someone ran a command (ssh host CMD, scp, rsync, git)
+        launch = shell.Launch(argv=argv, env=env, cwd=str(self.box.home), on_input=on_input)
         if pty:
             await shell.run_on_pty(process, launch)
         else:

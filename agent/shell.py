@@ -31,7 +31,7 @@ class Launch:
     argv: list[str]
     env: dict[str, str]
     cwd: str
-    on_input: Callable[[], None]
+    on_input: Callable[[int], None]  # bytes the client sent, as they arrive
 
 
 def _set_winsize(fd: int, width: int, height: int, pixwidth: int = 0, pixheight: int = 0) -> None:
@@ -97,7 +97,7 @@ async def _channel_input(
             continue
         if not data:
             return
-        launch.on_input()
+        launch.on_input(len(data))
         await write(data)
 
 

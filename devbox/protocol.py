@@ -136,8 +136,16 @@ class BoxProcess(TypedDict):
 
 class Activity(TypedDict):
     clients: int  # interactive and command channels open now (telemetry not counted)
-    last_input: float  # unix time of the last keystroke or stdin byte a user sent
+    # Unix time of the last keystroke in a terminal, or of a command started (ssh host CMD).
+    last_input: float
     last_probe: NotRequired[float]  # unix time of the last devbox.probe batch; 0 = never
+    # Unix times (0 = never) when traffic from the client through port forwards (an editor's
+    # server connection and its terminals, -L/-D/-R), through SFTP/scp, or into a command's
+    # stdin last reached TRAFFIC_FLOOR bytes within TRAFFIC_WINDOW seconds: a keepalive or
+    # an editor left open and untouched stays under it.
+    last_forward: NotRequired[float]
+    last_sftp: NotRequired[float]
+    last_exec: NotRequired[float]
     runs: NotRequired[int]  # `devbox run` experiments still running
     # The busiest the box's GPUs (mean utilisation, percent) and processes (CPU, percent
     # of one core, the agent itself left out) were over the last ACTIVITY_WINDOW seconds of
@@ -148,6 +156,12 @@ class Activity(TypedDict):
 
 
 ACTIVITY_WINDOW = 15.0
+# A kind of traffic is activity when the client sends at least this many bytes of it in
+# one window. VS Code's server connection keeps itself alive with a few hundred bytes a
+# minute while nobody types; typing in its editor or terminal sends several KiB a minute.
+TRAFFIC_FLOOR = 4096
+TRAFFIC_WINDOW = 60.0
+TRAFFIC_KINDS = ("forward", "sftp", "exec")
 
 
 class Sample(TypedDict):
@@ -275,6 +289,9 @@ ANN_KEEP_UNTIL = "devbox.io/keep-until"  # written by `devbox keep`: unix second
 # On the box's Lease, with ANN_LAST_INPUT and ANN_CLIENTS: the rest of its Activity.
 ANN_LAST_PROBE = "devbox.io/last-probe"
 ANN_RUNS = "devbox.io/runs"
+ANN_LAST_FORWARD = "devbox.io/last-forward"
+ANN_LAST_SFTP = "devbox.io/last-sftp"
+ANN_LAST_EXEC = "devbox.io/last-exec"
 ANN_GPU_UTIL = "devbox.io/gpu-util"  # absent when the box reports no GPU figure
 ANN_CPU = "devbox.io/cpu"
 # Written by the autoscaler on the pod (its decisions must outlive it): when it will
@@ -313,6 +330,17 @@ def home_folder(username: str) -> str:
     return "u-" + username.replace("%", "%25").replace("/", "%2F")
 
 
+def last_use(activity: Activity) -> float:
+    """When a person last used the box over SSH, by any signal the agent reports: a
+    terminal's keys, a command, port-forward, SFTP or command-input traffic (0: never)."""
+    return max(
+        activity["last_input"],
+        activity.get("last_forward", 0.0),
+        activity.get("last_sftp", 0.0),
+        activity.get("last_exec", 0.0),
+    )
+
+
 def activity_annotations(activity: Activity) -> dict[str, str]:
     """The Lease annotations that carry a box's activity (the agent writes them)."""
     out = {
@@ -321,6 +349,9 @@ def activity_annotations(activity: Activity) -> dict[str, str]:
         ANN_LAST_PROBE: f"{activity.get('last_probe', 0.0):.3f}",
         ANN_RUNS: str(activity.get("runs", 0)),
     }
+    out[ANN_LAST_FORWARD] = f"{activity.get('last_forward', 0.0):.3f}"
+    out[ANN_LAST_SFTP] = f"{activity.get('last_sftp', 0.0):.3f}"
+    out[ANN_LAST_EXEC] = f"{activity.get('last_exec', 0.0):.3f}"
     for key, name in ((ANN_GPU_UTIL, "gpu_util"), (ANN_CPU, "cpu")):
         value = activity.get(name)
         if isinstance(value, int | float):
@@ -341,6 +372,9 @@ def activity_from_annotations(ann: dict[str, str]) -> Activity | None:
             "runs": int(ann.get(ANN_RUNS, "0")),
             "gpu_util": float(ann[ANN_GPU_UTIL]) if ANN_GPU_UTIL in ann else None,
             "cpu": float(ann[ANN_CPU]) if ANN_CPU in ann else None,
+            "last_forward": float(ann.get(ANN_LAST_FORWARD, "0")),
+            "last_sftp": float(ann.get(ANN_LAST_SFTP, "0")),
+            "last_exec": float(ann.get(ANN_LAST_EXEC, "0")),
         }
     except ValueError:
         return None

@@ -13,11 +13,11 @@ from typing import Any
 from devbox.errors import UsageError
 from devbox.profiles import check_name
 
-SIGNALS = ("input", "clients", "gpu", "cpu", "probe", "runs")
+SIGNALS = ("input", "forwards", "sftp", "stdin", "clients", "gpu", "cpu", "probe", "runs")
 # An attached session nobody types in is not use (it is how GPUs get held overnight), so
 # "clients" is off unless configured; the warning reaches that session, and a key pressed
 # there is input.
-DEFAULT_SIGNALS = ("input", "gpu", "cpu", "probe", "runs")
+DEFAULT_SIGNALS = ("input", "forwards", "sftp", "stdin", "gpu", "cpu", "probe", "runs")
 CONFIG_MAP = "devbox-autoscaler"  # in the namespace the autoscaler looks after
 CONFIG_KEY = "autoscaler.toml"
 _UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
+from typing import cast
 
 from devbox.autoscaler import pool
 from devbox.autoscaler.config import Settings
@@ -21,12 +22,19 @@ from devbox.autoscaler.pool import PendingPod as PendingPod
 from devbox.autoscaler.pool import WarmPod as WarmPod
 from devbox.autoscaler.pool import Yield as Yield
 from devbox.boxes import Box, BoxState
-from devbox.protocol import Activity
+from devbox.protocol import TRAFFIC_FLOOR, TRAFFIC_WINDOW, Activity
 from devbox.statsview import age as _span
 
 # The metrics count a box as idle (its GPUs wasted) after this long with every signal quiet.
 IDLE_AFTER = 60.0
 _NOW_SIGNALS = ("clients", "gpu", "cpu", "runs")
+# Traffic signals: the Activity key the agent reports each in, and what it counts.
+_TRAFFIC = {
+    "forwards": ("last_forward", "port-forward traffic"),
+    "sftp": ("last_sftp", "SFTP/scp transfers"),
+    "stdin": ("last_exec", "input to commands"),
+}
+_FLOOR = f"{TRAFFIC_FLOOR // 1024} KiB in {TRAFFIC_WINDOW:g} s"
 
 Memory = dict[str, dict[str, float]]  # box key -> signal -> when last seen active
 
@@ -156,7 +164,11 @@ def signals(f: BoxFacts, memory: Memory, settings: Settings) -> tuple[Signal, ..
     for name in settings.signals:
         if name == "input":
             last = a["last_input"] if a else 0.0
-            out.append(Signal(name, last, False, "SSH input"))
+            out.append(Signal(name, last, False, "terminal keys and commands"))
+        elif name in _TRAFFIC:
+            key, what = _TRAFFIC[name]
+            last = float(cast(Mapping[str, float], a).get(key) or 0.0) if a else 0.0
+            out.append(Signal(name, last, False, f"{what} (from {_FLOOR})"))
         elif name == "probe":
             last = a.get("last_probe", 0.0) if a else 0.0
             out.append(Signal(name, last, False, "probe batches"))

@@ -121,7 +121,7 @@ def test_a_full_state_disk_refuses_no_session(user: User, full_state: Path, term
 def test_failed_activity_writes_are_logged_once_and_recovered(
     full_state: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from agent.server import Activity
+    from agent.activity import Activity
 
     path = full_state / "activity.json"
     _fill(full_state)

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from agent.server import Activity
+from agent.activity import Activity
 from devbox import protocol
 from devbox.backends.local.store import BoxStore
 
@@ -57,6 +57,9 @@ def test_lease_annotations_round_trip_and_bad_values() -> None:
         "runs": 1,
         "gpu_util": 93.25,
         "cpu": None,
+        "last_forward": 13.0,
+        "last_sftp": 0.0,
+        "last_exec": 14.0,
     }
     ann = protocol.activity_annotations(snap)
     assert protocol.ANN_CPU not in ann and ann[protocol.ANN_GPU_UTIL] == "93.2"

@@ -12,6 +12,7 @@ from textual.containers import Grid, Horizontal, Vertical, VerticalScroll
 from textual.coordinate import Coordinate
 from textual.widgets import DataTable, Footer, Header, Label, Sparkline, Static
 
+from devbox import protocol
 from devbox.runs.record import Run
 from tui.feed import BoxView, Store
 from tui.screens.base import AppScreen
@@ -151,8 +152,8 @@ class BoxScreen(AppScreen):
             )
         if sample is not None and "activity" in sample:
             activity = sample["activity"]
-            idle = max(0.0, sample["t"] - activity["last_input"])
-            parts.append(f"sessions: {activity['clients']} attached, last input {age(idle)} ago")
+            idle = max(0.0, sample["t"] - protocol.last_use(activity))
+            parts.append(f"sessions: {activity['clients']} attached, last used {age(idle)} ago")
         if box.reason:
             parts.append(box.reason)
         note = box.autoscaler_note(self.devbox.clock())

@@ -98,11 +98,9 @@ class KubernetesBackend:
             return {}
         out = {}
         for lease in items:
-            ann = lease["metadata"].get("annotations") or {}
-            try:
-                out[lease["metadata"]["name"]] = float(ann.get(p.ANN_LAST_INPUT, 0))
-            except ValueError:
-                continue
+            activity = p.activity_from_annotations(lease["metadata"].get("annotations") or {})
+            if activity is not None:
+                out[lease["metadata"]["name"]] = p.last_use(activity)
         return out
 
     def list(self) -> builtins.list[Box]:

@@ -24,7 +24,7 @@ from devbox import private
 from devbox.boxes import Box
 from devbox.errors import StateError
 from devbox.locks import lock_held
-from devbox.protocol import PROBE_POINTER_FILE, Activity
+from devbox.protocol import PROBE_POINTER_FILE, Activity, last_use
 
 RECORD = "box.json"
 # What a box folder holds besides its home; an older devbox left them 0644.
@@ -152,18 +152,21 @@ class BoxStore:
                 "runs": int(data.get("runs") or 0),
                 "gpu_util": _number(data.get("gpu_util")),
                 "cpu": _number(data.get("cpu")),
+                "last_forward": float(data.get("last_forward") or 0.0),
+                "last_sftp": float(data.get("last_sftp") or 0.0),
+                "last_exec": float(data.get("last_exec") or 0.0),
             }
         except (OSError, ValueError, KeyError, TypeError):
             return None, 0.0
         return activity, written
 
     def activity(self, name: str) -> tuple[float, int]:
-        """(last input time, attached clients); (0, 0) when the agent has not reported yet."""
-        try:
-            data = json.loads((self.box_dir(name) / "activity.json").read_text())
-            return float(data["last_input"]), int(data["clients"])
-        except (OSError, ValueError, KeyError, TypeError):
+        """(when a person last used the box, attached clients); (0, 0) when the agent has
+        not reported yet."""
+        activity, _ = self.activity_report(name)
+        if activity is None:
             return 0.0, 0
+        return last_use(activity), activity["clients"]
 
     def alerts(self, name: str) -> list[dict[str, object]]:
         """The probe's alerts in the box, first raised first; [] when none or unreadable."""
