@@ -34,7 +34,7 @@ _TRAFFIC = {
     "sftp": ("last_sftp", "SFTP/scp transfers"),
     "stdin": ("last_exec", "input to commands"),
 }
-_FLOOR = f"{TRAFFIC_FLOOR // 1024} KiB in {TRAFFIC_WINDOW:g} s"
+_FLOOR = f"at least {TRAFFIC_FLOOR // 1024} KiB in {TRAFFIC_WINDOW:g} s"
 
 Memory = dict[str, dict[str, float]]  # box key -> signal -> when last seen active
 
@@ -168,7 +168,7 @@ def signals(f: BoxFacts, memory: Memory, settings: Settings) -> tuple[Signal, ..
         elif name in _TRAFFIC:
             key, what = _TRAFFIC[name]
             last = float(cast(Mapping[str, float], a).get(key) or 0.0) if a else 0.0
-            out.append(Signal(name, last, False, f"{what} (from {_FLOOR})"))
+            out.append(Signal(name, last, False, f"{what} ({_FLOOR})"))
         elif name == "probe":
             last = a.get("last_probe", 0.0) if a else 0.0
             out.append(Signal(name, last, False, "probe batches"))

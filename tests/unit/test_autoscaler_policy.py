@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from devbox.autoscaler import policy
+from devbox.autoscaler import policy, service
 from devbox.autoscaler.config import SIGNALS, PoolTarget, Settings
 from devbox.autoscaler.loop import Autoscaler, Snapshot
 from devbox.autoscaler.state import State, loads
@@ -117,7 +117,11 @@ def test_each_signal_alone_keeps_a_box() -> None:
         "cpu": act(cpu=150.0),
         "probe": act(last_probe=now - 5),
         "input": act(last_input=now - 5),
+        "forwards": act(last_forward=now - 5),
+        "sftp": act(last_sftp=now - 5),
+        "stdin": act(last_exec=now - 5),
     }
+    assert set(cases) == set(SIGNALS)
     every = dataclasses.replace(S, signals=SIGNALS)
     for name, a in cases.items():
         d = decide([facts(box(), a, now)], now, s=every)
@@ -127,6 +131,25 @@ def test_each_signal_alone_keeps_a_box() -> None:
     # Below the thresholds is quiet.
     quiet = act(gpu_util=4.0, cpu=10.0)
     assert kinds(decide([facts(box(), quiet, now)], now)) == ["Warn"]
+
+
+def test_editor_traffic_counts_by_default_and_explain_names_each_signal() -> None:
+    # VS Code works through port forwards: by default its traffic keeps the box.
+    now = T0 + 5000
+    d = decide([facts(box(), act(last_forward=now - 30), now)], now)
+    (verdict,) = d.verdicts
+    assert d.actions == () and verdict.status == "busy", verdict
+    assert verdict.why == "in use: forwards recently"
+    b = box()
+    text = service.render(verdict, facts(b, act(last_forward=now - 30), now), State(), now=now)
+    lines = {line.split()[0]: line for line in text.splitlines()[1:] if line.startswith("  ")}
+    assert "last active 30s ago" in lines["forwards"]
+    assert "port-forward traffic (at least 4 KiB in 60 s)" in lines["forwards"]
+    assert "SFTP/scp transfers" in lines["sftp"] and "input to commands" in lines["stdin"]
+    assert "never active" in lines["sftp"]
+    # Once the forwards go quiet for the idle timeout, the box is warned as any other.
+    later = now + S.idle_timeout
+    assert kinds(decide([facts(box(), act(last_forward=now - 30), later)], later)) == ["Warn"]
 
 
 def test_an_idle_open_session_is_not_use_by_default() -> None:
