@@ -19,9 +19,11 @@ from typing import Any
 import asyncssh
 from asyncssh.kex import get_kex_algs
 
-from agent import preauth, shell
+from agent import forwards, preauth, remoteforwards, shell
 from agent.activity import Activity
+from agent.agentfwd import AgentRelay
 from agent.probehub import ProbeHub
+from agent.sftp import SFTPServer
 from agent.telemetry import Telemetry
 from devbox import protocol
 from devbox.boxes import Multiplexer
@@ -29,9 +31,14 @@ from devbox.runs.record import RUNS_ENV
 
 log = logging.getLogger("devbox.agent")
 
-_LOOPBACK = {"", "localhost", "127.0.0.1", "::1", "ip6-localhost"}
-# Variables the agent inherited that would confuse a session started from it.
+# Variables the agent inherited that would confuse a session started from it. SHLVL
+# among them: bash reads ~/.bashrc for `ssh host CMD` (Debian's SSH_SOURCE_BASHRC, how
+# conda and pyenv reach remote commands) only as a top-level shell, as under sshd.
 _DROP_ENV = (
+    "SHLVL",
+    "PWD",
+    "OLDPWD",
+    "_",
     "STY",
     "WINDOW",
     "TMUX",
@@ -108,6 +115,8 @@ class Agent:
         # Unauthenticated connections: capped, counted, logged once per interval.
         self.preauth_log = preauth.Tally()
         self.gate = preauth.Gate(self.preauth_log)
+        # The persistent session's SSH_AUTH_SOCK, started with the first terminal client.
+        self.agent_relay = AgentRelay(box=box.name, home=box.home)
 
     # --- sessions -------------------------------------------------------------------
 
@@ -116,6 +125,14 @@ class Agent:
         # Asked each time: an in-pod agent becomes its owner's uid after it starts.
         return pwd.getpwuid(os.getuid())
 
+    @property
+    def session_home(self) -> str:
+        """A session's $HOME, where it starts and what `~` means to scp and SFTP: the
+        user's own on a local box (the agent's), the owner's persistent home in a pod."""
+        if self.box.home_is_home:
+            return str(self.box.home)
+        return os.environ.get("HOME") or self._user.pw_dir
+
     def session_env(self, process: shell.Process) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if k not in _DROP_ENV}
         env.update(
@@ -123,10 +140,8 @@ class Agent:
             LOGNAME=self._user.pw_name,
             SHELL=self.login_shell,
             DEVBOX_BOX=self.box.name,
+            HOME=self.session_home,
         )
-        if self.box.home_is_home:
-            env["HOME"] = str(self.box.home)
-        env.setdefault("HOME", self._user.pw_dir)
         env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
         if self.box.gpu_env is not None:
             env["CUDA_VISIBLE_DEVICES"] = self.box.gpu_env
@@ -146,6 +161,9 @@ class Agent:
         sock = process.get_extra_info("sockname")
         if peer and sock:
             env["SSH_CONNECTION"] = f"{peer[0]} {peer[1]} {sock[0]} {sock[1]}"
+            env["SSH_CLIENT"] = f"{peer[0]} {peer[1]} {sock[1]}"
+        if forwarded := _forwarded_agent(process):  # the persistent session's: in _run
+            env["SSH_AUTH_SOCK"] = forwarded[1]
         term = process.get_terminal_type()
         if term:
             env["TERM"] = term
@@ -163,6 +181,10 @@ class Agent:
             RUNS_ENV: str(self.runs_dir),
             "DEVBOX_MULTIPLEXER": self.box.multiplexer.kind,
         }
+
+    def sftp_server(self, chan: asyncssh.SSHServerChannel[bytes]) -> SFTPServer:
+        """The SFTP (and `scp -O`) server of one channel."""
+        return SFTPServer(chan, home=self.session_home, activity=self.activity)
 
     @property
     def login_shell(self) -> str:
@@ -211,6 +233,10 @@ class Agent:
         env = self.session_env(process)
         pty = process.get_terminal_type() is not None
         command = process.command
+        joins = pty and command is None and self.box.multiplexer.kind != "none"
+        if joins and (stable := await self.agent_relay.start()) is not None:
+            # Every attaching client passes it on, so tmux's update-environment keeps it too.
+            env["SSH_AUTH_SOCK"] = str(stable)
         if command is not None:
             argv = [self.login_shell, "-c", command]
         elif pty:
@@ -226,11 +252,29 @@ class Agent:
         on_input = self.activity.keys if pty else functools.partial(self.activity.traffic, "exec")
         if command is not None:
             self.activity.input()  # someone ran a command (ssh host CMD, scp, rsync, git)
-        launch = shell.Launch(argv=argv, env=env, cwd=str(self.box.home), on_input=on_input)
-        if pty:
-            await shell.run_on_pty(process, launch)
-        else:
+        launch = shell.Launch(
+            argv=argv, env=env, cwd=self._start_folder(process, env), on_input=on_input
+        )
+        if not pty:
             await shell.run_on_pipes(process, launch)
+            return
+        # A terminal client that forwarded an agent is the one the stable socket reaches.
+        forwarded = _forwarded_agent(process)
+        token = self.agent_relay.attach(forwarded[0]) if forwarded else None
+        try:
+            await shell.run_on_pty(process, launch)
+        finally:
+            if token is not None:
+                self.agent_relay.detach(token)
+
+    @staticmethod
+    def _start_folder(process: shell.Process, env: dict[str, str]) -> str:
+        """$HOME, as sshd; "/" (and sshd's complaint) when it is not there."""
+        home = env["HOME"]
+        if os.path.isdir(home):
+            return home
+        process.stderr.write(f"Could not chdir to home directory {home}\r\n".encode())
+        return "/"
 
 
 async def _serve_frames(process: shell.Process, serve: Callable[..., Awaitable[int]]) -> None:
@@ -261,19 +305,13 @@ def _describe(process: shell.Process) -> str:
     return "shell" if process.get_terminal_type() is not None else "shell without a terminal"
 
 
-class _SFTPServer(asyncssh.SFTPServer):
-    """asyncssh's SFTP server, plus an exit status when the session ends: without one,
-    OpenSSH's scp (which speaks SFTP) reports failure after a complete copy."""
-
-    def __init__(self, chan: asyncssh.SSHServerChannel[bytes]) -> None:
-        super().__init__(chan)
-        log.info("session: sftp")
-
-    def exit(self) -> None:
-        super().exit()
-        chan = self.channel
-        with contextlib.suppress(OSError, asyncssh.Error):
-            chan.exit(0)  # a no-op when the channel is already closing
+def _forwarded_agent(process: shell.Process) -> tuple[asyncssh.SSHServerConnection, str] | None:
+    """The session's connection and its agent socket when the client forwarded one (-A)."""
+    conn = process.get_extra_info("connection")
+    if not isinstance(conn, asyncssh.SSHServerConnection):
+        return None
+    path = conn.get_agent_path()
+    return None if path is None else (conn, path)
 
 
 def _ack_at_once(conn: asyncssh.SSHServerConnection, *, stop: bool = False) -> None:
@@ -369,22 +407,40 @@ class _Server(asyncssh.SSHServer):
         owner = self._agent.box.owner_key
         return owner is not None and key.public_data == owner.public_data
 
+    # Forwards are relayed by agent.forwards, so that the client's traffic through them
+    # (VS Code's server connection and terminals, a notebook's port) counts as activity.
+
     def connection_requested(
         self, dest_host: str, dest_port: int, orig_host: str, orig_port: int
-    ) -> bool:
-        return True  # ssh -L, and VS Code's tunnels to its server
+    ) -> bool | Awaitable[asyncssh.SSHTCPSession[bytes]]:
+        if self._conn is None:  # ssh -L, -D, -W
+            return False
+        return forwards.open_tcp(self._conn, dest_host, dest_port, activity=self._agent.activity)
 
-    def unix_connection_requested(self, dest_path: str) -> bool:
-        return True
+    def unix_connection_requested(
+        self, dest_path: str
+    ) -> bool | Awaitable[asyncssh.SSHUNIXSession[bytes]]:
+        if self._conn is None:
+            return False
+        return forwards.open_unix(
+            self._conn, dest_path, home=self._agent.session_home, activity=self._agent.activity
+        )
 
     def server_requested(
         self, listen_host: str, listen_port: int
     ) -> bool | Awaitable[asyncssh.SSHListener]:
-        # Like sshd's GatewayPorts=no: remote forwards listen on loopback only.
-        if listen_host not in _LOOPBACK or self._conn is None:
+        if self._conn is None:  # ssh -R, on loopback whatever address it asks for
             return False
-        bind = "::1" if listen_host == "::1" else "127.0.0.1"
-        return self._conn.forward_local_port(bind, listen_port, listen_host, listen_port)
+        return remoteforwards.listen_tcp(
+            self._conn, listen_host, listen_port, activity=self._agent.activity
+        )
+
+    def unix_server_requested(self, listen_path: str) -> bool | Awaitable[asyncssh.SSHListener]:
+        if self._conn is None:
+            return False
+        return remoteforwards.listen_unix(
+            self._conn, listen_path, home=self._agent.session_home, activity=self._agent.activity
+        )
 
 
 async def serve(
@@ -402,11 +458,11 @@ async def serve(
         # stays root's (asyncssh would otherwise read it again for every connection).
         server_host_keys=[asyncssh.read_private_key(host_key)],
         process_factory=agent.handle,
-        sftp_factory=_SFTPServer,
+        sftp_factory=agent.sftp_server,
         allow_scp=True,
         encoding=None,
         line_editor=False,
-        agent_forwarding=False,
+        agent_forwarding=True,  # ssh -A, as sshd's AllowAgentForwarding yes
         x11_forwarding=False,
         # Large windows: bulk copies are bound by round trips otherwise.
         window=8 * 1024 * 1024,
@@ -435,6 +491,7 @@ async def serve(
     for task in list(agent.tasks):
         task.cancel()
     await asyncio.gather(*agent.tasks, return_exceptions=True)
+    await agent.agent_relay.close()
     await server.wait_closed()
     agent.preauth_log.close()
 

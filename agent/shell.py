@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import errno
 import fcntl
 import os
@@ -264,6 +265,8 @@ async def run_on_pty(process: Process, launch: Launch) -> None:
     width, height, pixwidth, pixheight = process.get_terminal_size()
     _set_winsize(master, width, height, pixwidth, pixheight)
     try:
+        # The terminal's name, as sshd sets it (tty(1), `write`, prompts that show it).
+        launch = dataclasses.replace(launch, env={**launch.env, "SSH_TTY": os.ttyname(slave)})
         proc = _spawn(launch, (slave, slave, slave), tty=True)
     except BaseException:
         os.close(master)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from agent import agentfwd
 from devbox import private, protocol
 from devbox.boxes import session_name
 from tests import nvml_sim
@@ -131,6 +132,9 @@ class User:
                     keepers.append(folder / "keeper.lock")
             with contextlib.suppress(OSError, ValueError):
                 os.kill(int((folder / "agent.lock").read_text().strip()), signal.SIGKILL)
+            # A killed agent's stable ssh-agent socket folder, outside pytest's cleanup too.
+            relay = agentfwd.stable_path(box=folder.name, home=folder / "home").parent
+            shutil.rmtree(relay, ignore_errors=True)
             with contextlib.suppress(OSError):  # a killed agent's probe socket folder
                 socket_path = Path((folder / "home/.devbox/probe-socket").read_text().strip())
                 private.remove_own_temp_folder(socket_path.parent, protocol.PROBE_FOLDER_PREFIX)

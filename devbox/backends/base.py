@@ -13,6 +13,9 @@ from devbox.profiles import Profile
 
 class Backend(Protocol):
     name: str
+    # How often a watcher of one box (`devbox proxy`'s release warnings) may look at it:
+    # what a look costs here (a file read, or a request to a shared API server).
+    look_interval: float
 
     def profiles(self) -> builtins.list[Profile]:
         """Every profile a claim may name, each with where it came from."""
@@ -51,6 +54,12 @@ class Backend(Protocol):
 
     def open_socket(self, box: Box) -> socket.socket:
         """A connected byte stream to the box's SSH endpoint."""
+        ...
+
+    def sync_root(self, box: Box) -> str | None:
+        """The absolute folder in the box that `devbox run`/`sync` copy a tree into, where
+        the session's $HOME is not the box's own (a local box's sessions have the user's
+        real $HOME: ~/FOLDER there would be the user's own files); None: ~/FOLDER."""
         ...
 
     def problems(self) -> builtins.list[str]:

@@ -48,7 +48,7 @@ def test_ssh_scp_sftp_rsync(user: User, tmp_path: Path) -> None:
     result = user.ssh("tools.devbox", "echo $DEVBOX_BOX; pwd")
     assert result.returncode == 0, result.stderr
     name, cwd = result.stdout.decode().split()
-    assert name == "tools" and cwd == str(user.box_dir("tools") / "home")
+    assert name == "tools" and cwd == str(user.home)  # as under sshd: the session's $HOME
     assert user.ssh("tools.devbox", "exit 9").returncode == 9
 
     payload = tmp_path / "payload.bin"
@@ -61,7 +61,7 @@ def test_ssh_scp_sftp_rsync(user: User, tmp_path: Path) -> None:
         capture_output=True,
         timeout=60,
     )
-    home = user.box_dir("tools") / "home"
+    home = user.home
     assert (home / "copied.bin").read_bytes() == payload.read_bytes()
     back = tmp_path / "back.bin"
     subprocess.run(

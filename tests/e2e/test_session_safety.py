@@ -140,7 +140,7 @@ def _clients(user: User, box: str) -> int:
 def test_background_jobs_outlive_their_client_without_a_terminal(user: User) -> None:
     user.up("bg")
     user.devbox("ssh-config", "--write", check=True)
-    home = user.box_dir("bg") / "home"
+    home = user.home  # where sessions start
     job = "sh -c 'echo $$ > {0}; exec sleep 300' >/dev/null 2>&1 &"
 
     # The command returns at once; its job goes on.

@@ -52,6 +52,7 @@ def _stderr(message: str) -> None:
 
 class KubernetesBackend:
     name = "kubernetes"
+    look_interval = 30.0  # a GET of the pod, from every open connection of every user
 
     def __init__(self, *, config: Config, progress: Callable[[str], None] = _stderr) -> None:
         self.config = config
@@ -365,6 +366,9 @@ class KubernetesBackend:
         return portforward.open_socket(
             c.endpoint, namespace=c.namespace, pod=box.extra["pod"], port=p.SSH_PORT
         )
+
+    def sync_root(self, box: Box) -> str | None:
+        return None  # sessions' $HOME is the owner's home in the pod: trees go to ~/FOLDER
 
     def bridge_stdio(self, box: Box) -> None:
         """`devbox proxy`: stdin/stdout straight onto the port-forward's WebSocket."""

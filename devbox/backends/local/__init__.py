@@ -41,6 +41,7 @@ def _login() -> str:
 
 class LocalBackend:
     name = "local"
+    look_interval = 2.0  # a record file on this machine
 
     def __init__(self, *, config: Config, root: Path | None = None) -> None:
         self.config = config
@@ -228,6 +229,10 @@ class LocalBackend:
         # for the agent's delayed ACK (40 ms), several times per connection.
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return sock
+
+    def sync_root(self, box: Box) -> str | None:
+        # Sessions have the user's own $HOME: synced trees go to the box's folder instead.
+        return str(self.store.box_dir(box.name) / "home")
 
     # --- release --------------------------------------------------------------------
 
