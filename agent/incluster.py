@@ -17,8 +17,8 @@ from agent.hostkey import fingerprint
 from agent.kube import PodLink, heartbeat_forever
 from agent.owner import OwnerError, become
 from agent.server import Agent
-from devbox import protocol
-from devbox.boxes import release_warning
+from devbox import protocol, terminals
+from devbox.boxes import release_warning, release_withdrawn
 
 log = logging.getLogger("devbox.agent.incluster")
 
@@ -112,18 +112,38 @@ async def start_link(agent: Agent, args: argparse.Namespace, *, host_line: str) 
         return home
 
     def warn(annotations: dict[str, str]) -> None:
-        # The autoscaler's warning reaches the user where they work: their session.
+        # The autoscaler's warning reaches the user where they work: their session and
+        # every other terminal of the box. Its withdrawal goes the same way.
         release_at = annotations.get(protocol.ANN_RELEASE_AT, "")
-        if not release_at or adopted.get("warned") == release_at:
+        if not release_at:
+            if adopted.pop("warned", ""):
+                kept = _seconds(annotations.get(protocol.ANN_KEEP_UNTIL, ""))
+                why = "kept (`devbox keep`)" if kept > time.time() else "in use again"
+                loop.run_in_executor(None, tell, release_withdrawn(agent.box.name, why))
             return
-        adopted["warned"] = release_at
+        if adopted.get("warned") == release_at:
+            return
         try:
             when = float(release_at)
         except ValueError:
             return
+        adopted["warned"] = release_at
         reason = annotations.get(protocol.ANN_RELEASE_REASON, "")
-        text = release_warning(agent.box.name, reason, when)
-        loop.run_in_executor(None, agent.box.multiplexer.tell, agent.box.name, text)
+        loop.run_in_executor(None, tell, release_warning(agent.box.name, reason, when))
+
+    def tell(text: str) -> None:
+        mux = agent.box.multiplexer
+        mux.tell(agent.box.name, text)
+        table = terminals.Processes()
+        # As the telemetry counts the box's processes (agent.main): all this PID namespace
+        # shows, or the agent's and the sessions' (marked) with all below them.
+        if (args.processes or "all") == "all":
+            box = table.every()
+        else:
+            box = table.below([os.getpid(), *table.marked(f"DEVBOX_BOX={agent.box.name}")])
+        programs = terminals.multiplexer_programs(*([mux.path] if mux.path else []))
+        told = terminals.tell(text, table=table, box=box, multiplexers=programs)
+        log.info("told the session and %d other terminal(s): %s", told, text)
 
     def on_change(labels: dict[str, str], annotations: dict[str, str]) -> None:
         # The watch thread hands changes to the event loop: the agent's state has one owner.
@@ -152,3 +172,10 @@ async def start_link(agent: Agent, args: argparse.Namespace, *, host_line: str) 
         name="lease",
     ).start()
     return stop
+
+
+def _seconds(value: str) -> float:
+    try:
+        return float(value)
+    except ValueError:
+        return 0.0

@@ -309,11 +309,20 @@ def session_warning(box: Box, *, preference: str) -> str:
     )
 
 
-def release_warning(box: str, reason: str, release_at: float) -> str:
-    """The autoscaler's warning, as the box's sessions show it."""
+def release_warning(box: str, reason: str, release_at: float, *, keep_inside: bool = False) -> str:
+    """The autoscaler's warning, as the box's terminals show it. `keep_inside`: a bare
+    `devbox keep` in the box holds it (a local box; a pod's agent may not keep its pod)."""
     clock = time.strftime("%H:%M:%S", time.localtime(release_at))
     why = "has been idle" if reason == "idle" else "reached its maximum lifetime"
-    return f"devbox: box {box} {why}; it will be released at {clock} (`devbox keep {box}` holds it)"
+    how = f"`devbox keep {box}`"
+    if keep_inside:
+        how = f"`devbox keep` here or {how}"
+    return f"devbox: box {box} {why}; it will be released at {clock} ({how} holds it)"
+
+
+def release_withdrawn(box: str, why: str) -> str:
+    """What the box's terminals show when a warned box will not be released after all."""
+    return f"devbox: box {box} will not be released: {why}"
 
 
 def _quiet(argv: list[str]) -> subprocess.CompletedProcess[str]:

@@ -157,17 +157,35 @@ def build_parser() -> argparse.ArgumentParser:
     )
     proxy.add_argument("name")
 
-    cfg = sub.add_parser("ssh-config", parents=[backend], help="OpenSSH config for your boxes")
-    cfg.add_argument(
+    cfg = sub.add_parser(
+        "ssh-config",
+        parents=[backend],
+        help="OpenSSH config for your boxes",
+        description="Print a `Host NAME.devbox` block per box (and pin each box's host key). "
+        "--write keeps them in a devbox file that ~/.ssh/config Includes, for OpenSSH, "
+        "VS Code and every ssh-based tool; --inline prints self-contained blocks for "
+        "clients that do not follow Include or Match (paramiko, Fabric): save them to a "
+        "file and point the client at it.",
+    )
+    how = cfg.add_mutually_exclusive_group()
+    how.add_argument(
         "--write",
         action="store_true",
         help="write it to a devbox file and Include that from ~/.ssh/config",
+    )
+    how.add_argument(
+        "--inline",
+        action="store_true",
+        help="print complete blocks (HostName, ProxyCommand, User, IdentityFile, "
+        "UserKnownHostsFile, ...) for paramiko, Fabric and other clients without Include; "
+        "paramiko: SSHConfig.from_path(FILE).lookup('NAME.devbox'), load_host_keys() its "
+        "userknownhostsfile, connect with sock=ProxyCommand(its proxycommand)",
     )
 
     keep = sub.add_parser(
         "keep", parents=[backend], help="hold a box against idle release for a while"
     )
-    keep.add_argument("name")
+    keep.add_argument("name", nargs="?", help="the box (default: the box this runs in)")
     keep.add_argument(
         "--for", dest="duration", type=_duration, default=4 * 3600.0, help="30m, 4h, 1d (4h)"
     )

@@ -177,6 +177,8 @@ def ls(args: argparse.Namespace) -> int:
             if b.reason:
                 print(f"{b.name}: {b.reason}", file=sys.stderr)
             note = b.autoscaler_note(now)
+            if b.release_at:  # the clock too: "in 4m" is stale once read
+                note += f"; at {time.strftime('%H:%M:%S', time.localtime(b.release_at))}"
             if note:
                 print(f"{b.name}: {note}", file=sys.stderr)
     problems = backend.problems()
@@ -242,10 +244,17 @@ def ssh(args: argparse.Namespace) -> int:
 
 
 def proxy(args: argparse.Namespace) -> int:
-    from devbox.ssh.proxy import bridge
+    from devbox.ssh import openssh
+    from devbox.ssh.proxy import bridge, watch_release
 
     backend = backend_for(args)
     box = backend.get(args.name)
+    # A desktop notification if the box is warned, for as long as the connection lasts.
+    watch_release(box, lambda: backend.get(box.name), every=backend.look_interval)
+    # As ssh's ProxyCommand, before ssh sees a byte of the box: a changed pin stops here in
+    # one line (not OpenSSH's banner), and the key's mode is fixed before ssh loads the key,
+    # which it does only after the key exchange. The config may name a key of the user's own.
+    openssh.preflight(box, key_missing_ok=True)
     direct = getattr(backend, "bridge_stdio", None)
     if direct is not None:  # the kubernetes backend pumps its WebSocket onto stdio itself
         direct(box)
@@ -261,8 +270,16 @@ def ssh_config(args: argparse.Namespace) -> int:
     boxes = backend.list()
     for box in boxes:  # the config is only as good as the pins it points at
         if box.host_key:
-            known_hosts.pin(box.name, box.host_key)
-    if args.write:
+            replaced = known_hosts.pin(box.name, box.host_key)
+            if replaced:  # the way out of a changed-pin error: said, never silent
+                was = ", ".join(known_hosts.fingerprint(k) for k in replaced)
+                new_fp = known_hosts.fingerprint(box.host_key)
+                _line(
+                    f"devbox: warning: box {box.name}'s pinned host key is now {new_fp}, was {was}"
+                )
+    if args.inline:
+        sys.stdout.write(sshconfig.render_inline(boxes))
+    elif args.write:
         path, changed = sshconfig.write(boxes, backend.name)
         note = (
             "added an Include to ~/.ssh/config" if changed else "~/.ssh/config already includes it"
@@ -322,7 +339,14 @@ def profiles(args: argparse.Namespace) -> int:
 
 def keep(args: argparse.Namespace) -> int:
     until = 0.0 if args.off else time.time() + args.duration
-    box = backend_for(args).keep(args.name, until=until)
+    if args.name is None:  # in a box's terminal: the box it runs in
+        from devbox.backends.local.autoscaling import box_here
+
+        backend: Backend
+        backend, name = box_here()
+    else:
+        backend, name = backend_for(args), args.name
+    box = backend.keep(name, until=until)
     if args.off:
         print(f"box {box.name} is no longer kept", file=sys.stderr)
     else:

@@ -31,6 +31,7 @@ from tui.screens.boxes import BoxesScreen
 from tui.screens.modals import ClaimRequest, ClaimScreen, ConfirmScreen
 from tui.screens.model import ModelScreen
 from tui.screens.runlog import RunLogScreen
+from tui.widgets.text import release_hint
 
 # How long `K` keeps a box against idle release (as `devbox keep` without --for).
 KEEP_SECONDS = 4 * 3600.0
@@ -104,6 +105,7 @@ class DevboxApp(App[None]):
         self._request_ids = 0
         self._relist = asyncio.Event()
         self.announced: set[tuple[str, str]] = set()  # (box, run) endings already told
+        self.warned: dict[str, float] = {}  # box -> the release warning already told
 
     def on_mount(self) -> None:
         self.push_screen(BoxesScreen())
@@ -140,11 +142,26 @@ class DevboxApp(App[None]):
             else:
                 if self.store.problem is not None:
                     self.store.problem, self.store.boxes_changed = None, True
+                self._announce_warnings(boxes)
                 self.store.set_boxes(boxes)
                 self._sync_streams(boxes)
             self._relist.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._relist.wait(), self.list_interval)
+
+    def _announce_warnings(self, boxes: list[Box]) -> None:
+        """A toast for each new release warning, whichever screen is open: the table's
+        "warned" is easy to miss on the model screen."""
+        warned = {b.name: b.release_at for b in boxes if b.release_at}
+        for name, release_at in warned.items():
+            if self.warned.get(name) != release_at:
+                self.notify(
+                    f"box {name} {release_hint(release_at)} (on its row or screen)",
+                    title="release warning",
+                    severity="warning",
+                    timeout=30,
+                )
+        self.warned = warned
 
     def _sync_streams(self, boxes: list[Box]) -> None:
         live = {b.name: b for b in boxes if b.state in _LIVE}

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
-import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -93,19 +90,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _notify(box: str, run_id: str, status: int) -> None:
     """A desktop notification: the user who left `devbox run` following may be elsewhere."""
-    notify = shutil.which("notify-send")
-    if notify is None:
-        return
+    from devbox import desktop
+
     how = "finished" if status == 0 else f"ended with status {status}"
-    # No notification daemon: the terminal has already said it.
-    with contextlib.suppress(OSError, subprocess.TimeoutExpired):
-        subprocess.run(
-            [notify, "--app-name=devbox", f"devbox: run {run_id} {how}", f"on box {box}"],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            timeout=5,
-            check=False,
-        )
+    desktop.notify(f"devbox: run {run_id} {how}", f"on box {box}")
 
 
 def _row(run: record.Run, now: float) -> tuple[str, ...]:

@@ -32,7 +32,7 @@ class Tree:
 
 @dataclass(frozen=True, kw_only=True)
 class Synced:
-    dest: str  # relative to the box's home
+    dest: str  # in the box: absolute, or relative to the session's $HOME
     sent: list[str]
     method: str  # "rsync" or "sftp"
 
@@ -122,9 +122,24 @@ def _rsync(box: Box, src: Path, dest: str) -> list[str]:
         # 127 from the box's shell, or rsync's own "remote command not found".
         if done.returncode == 127 or "command not found" in done.stderr:
             raise _NoRsync("rsync is missing in the box")
-        last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
-        raise DevboxError(f"syncing {src} to box {box.name} failed: {last}")
+        raise _rsync_failure(box, src, done)
     return [line.split(" ", 1)[1] for line in done.stdout.splitlines() if line.startswith("<f")]
+
+
+def _rsync_failure(box: Box, src: Path, done: subprocess.CompletedProcess[str]) -> DevboxError:
+    """rsync's failure as one line: what ssh said when the connection failed (rsync itself
+    only reports code 12 or 255, "connection unexpectedly closed"), else rsync's last word."""
+    from devbox.ssh import openssh
+
+    what = f"syncing {src} to box {box.name} failed"
+    reason = openssh.failure(box, done.stderr)
+    if reason is not None:
+        return DevboxError(f"{what}: the SSH connection failed: {reason}")
+    lines = done.stderr.strip().splitlines()
+    last = lines[-1] if lines else f"exit status {done.returncode}"
+    if done.returncode in (12, 255) or "connection unexpectedly closed" in done.stderr:
+        return DevboxError(f"{what}: the SSH connection to the box ended unexpectedly ({last})")
+    return DevboxError(f"{what}: {last}")
 
 
 def _sftp(backend: Backend, box: Box, src: Path, dest: str) -> list[str]:
@@ -140,7 +155,9 @@ def _sftp(backend: Backend, box: Box, src: Path, dest: str) -> list[str]:
 
 
 def push(backend: Backend, box: Box, src: Path, *, dest: str | None = None) -> Synced:
-    dest = dest or src.name
+    if not dest:
+        root = backend.sync_root(box)
+        dest = f"{root}/{src.name}" if root else src.name
     if _method() == "rsync":
         try:
             return Synced(dest=dest, sent=_rsync(box, src, dest), method="rsync")

@@ -22,24 +22,43 @@ from pathlib import Path
 from devbox import paths
 from devbox.boxes import Box
 from devbox.errors import DevboxError
+from devbox.ssh import openssh
 from devbox.ssh._asyncssh import asyncssh
 
 CHUNK = 256 * 1024
 
 
+class _Presented(asyncssh.SSHClient):
+    """Keeps the host key a box presented that was not the pinned one, to name it."""
+
+    def __init__(self) -> None:
+        self.key: asyncssh.SSHKey | None = None
+
+    def validate_host_public_key(
+        self, host: str, addr: str, port: int, key: asyncssh.SSHKey
+    ) -> bool:
+        self.key = key
+        return False
+
+
 async def connect(
     box: Box, sock: socket.socket, *, key_file: Path | None = None, username: str | None = None
 ) -> asyncssh.SSHClientConnection:
+    if key_file is None:
+        # The checks OpenSSH's path makes too: one door, one set of answers.
+        openssh.preflight(box)
     key_file = key_file or paths.user_key_file()
     try:
         pinned = asyncssh.import_public_key(box.host_key)
     except (asyncssh.KeyImportError, ValueError):
         raise DevboxError(f"box {box.name} has no valid pinned host key in its record") from None
+    presented = _Presented()
     try:
         return await asyncssh.connect(
             sock=sock,
             host=f"{box.name}.devbox",
             username=username or box.owner,
+            client_factory=lambda: presented,
             client_keys=[str(key_file)],
             known_hosts=([pinned], [], []),
             agent_path=None,
@@ -50,9 +69,11 @@ async def connect(
             login_timeout=20,
         )
     except asyncssh.HostKeyNotVerifiable:
+        sent = presented.key.get_fingerprint("sha256") if presented.key else "another key"
         raise DevboxError(
             f"box {box.name} presented a host key that does not match the pinned "
-            f"{box.host_key_fingerprint}; refusing to connect"
+            f"{box.host_key_fingerprint} (it presented {sent}); refusing to connect: "
+            "something else may be answering at its address"
         ) from None
     except asyncssh.PermissionDenied:
         raise DevboxError(f"box {box.name} refused your key {key_file}") from None

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import fcntl
 import os
+import stat
+import sys
 from pathlib import Path
 
 from devbox import paths
@@ -58,3 +60,55 @@ def _generate(path: Path, pub: Path) -> str:
     private_file.write_bytes(path, secret)
     private_file.write_text(pub, line + "\n")
     return line
+
+
+def check_user_key(path: Path | None = None, *, missing_ok: bool = False) -> None:
+    """Make sure OpenSSH will use the user's devbox key, which it would otherwise skip in
+    silence under devbox's LogLevel=QUIET (and `devbox ssh` exit 255 with no word).
+
+    A key devbox made (a plain file of this user's) that others can read is made 0600
+    again, said once on sys.stderr (which Textual captures in the TUI); a key another
+    user owns, or a wide key behind a link (a dotfile manager's file, not devbox's to
+    change), is refused with one line.
+    """
+    path = path or paths.user_key_file()
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        if missing_ok:
+            return
+        raise StateError(
+            f"your devbox key {path} is missing: your boxes accept only it; restore it, "
+            "or release them and claim new ones (`devbox up` makes a new key)"
+        ) from None
+    link = stat.S_ISLNK(st.st_mode)
+    if link:
+        try:
+            st = os.stat(path)
+        except OSError as exc:
+            raise StateError(
+                f"your devbox key {path} is a link to nothing: {exc.strerror}"
+            ) from None
+    me = os.geteuid()
+    if st.st_uid != me:
+        # Whoever owns it can read it (and log in as you) or swap it: never offer it.
+        raise StateError(
+            f"your devbox key {path} belongs to uid {st.st_uid}, not to you (uid {me}): "
+            f"refusing to use it; if it is yours, `chown {me} {path}`, else remove it "
+            f"and {path}.pub and claim your boxes anew"
+        )
+    mode = stat.S_IMODE(st.st_mode)
+    if mode & 0o077 == 0 and mode & 0o400:
+        return  # private, and readable by its owner
+    if link:
+        target = path.resolve()
+        raise StateError(
+            f"your devbox key {path} (a link to {target}) has mode {mode:04o}, which OpenSSH "
+            f"refuses for a private key: `chmod 600 {target}`"
+        )
+    os.chmod(path, private_file.FILE_MODE)
+    sys.stderr.write(
+        f"devbox: warning: your devbox key {path} had mode {mode:04o}, which OpenSSH "
+        f"refuses for a private key; made it {private_file.FILE_MODE:04o}\n"
+    )
+    sys.stderr.flush()

@@ -13,9 +13,15 @@ import errno
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from devbox.boxes import Box
 
 CHUNK = 256 * 1024
+MARKERS_KEPT = 86400.0  # seconds a notified warning is remembered past its release time
 
 
 def _copy(
@@ -107,3 +113,44 @@ def _join(
         _copy(src.fileno(), dst.fileno(), splice=False, before_read=before_read)
     with contextlib.suppress(OSError):
         dst.shutdown(socket.SHUT_WR)
+
+
+def watch_release(box: Box, look: Callable[[], Box], *, every: float) -> threading.Thread:
+    """While this process bridges: a desktop notification when the box gets a release
+    warning, one per warning however many bridges to it are open (VS Code holds several).
+    `look` fetches the box anew, every `every` seconds. Nothing here writes to stdout (the
+    SSH stream), and no failure here reaches the bridge."""
+
+    def watch() -> None:
+        current = box
+        while True:
+            with contextlib.suppress(Exception):
+                if current.release_at:
+                    _notify_once(current)
+            time.sleep(every)
+            with contextlib.suppress(Exception):  # the API server away: look again later
+                current = look()
+
+    thread = threading.Thread(target=watch, daemon=True, name="release-warnings")
+    thread.start()
+    return thread
+
+
+def _notify_once(box: Box) -> None:
+    from devbox import desktop, paths, private
+    from devbox.boxes import release_warning
+
+    folder = private.ensure_dir(paths.state_dir() / "notified")
+    prefix = f"{box.backend}.{box.name}."
+    marker = folder / f"{prefix}{int(box.release_at)}"
+    try:  # the first bridge to make it notifies; the others see it there
+        os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600))
+    except FileExistsError:
+        return
+    for old in folder.glob(f"{prefix}*"):  # warnings long past: the box is gone or kept
+        with contextlib.suppress(OSError, ValueError):
+            if int(old.name.rsplit(".", 1)[1]) < time.time() - MARKERS_KEPT:
+                old.unlink()
+    clock = time.strftime("%H:%M", time.localtime(box.release_at))
+    text = release_warning(box.name, box.release_reason, box.release_at)
+    desktop.notify(f"devbox: box {box.name} will be released at {clock}", text.split(": ", 1)[1])

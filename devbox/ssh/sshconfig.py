@@ -29,25 +29,47 @@ def _where(box: Box) -> str:
     return f" --namespace {ns}" if box.backend == "kubernetes" and ns else ""
 
 
-def render(boxes: Iterable[Box], *, keep: Iterable[str] = ()) -> str:
+INLINE_HEADER = (
+    "# devbox boxes, self-contained (`devbox ssh-config --inline`): for clients that do not\n"
+    "# follow Include (paramiko, Fabric). Each block is complete; no Include, no Match.\n"
+)
+
+
+def _proxy_command(box: Box) -> str:
     # `python -m devbox`, not a bare `devbox`: VS Code and other tools run ssh with
     # a PATH that may not contain the console script.
-    proxy = f"{_quote(sys.executable)} -m devbox proxy --backend {{backend}} {{name}}"
-    out = [HEADER]
-    for box in boxes:
-        out.append(
-            f"\nHost {alias(box.name)}\n"
-            f"  User {box.owner}\n"
-            f"  ProxyCommand {proxy.format(backend=box.backend, name=box.name)}{_where(box)}\n"
-            f"  IdentityFile {_quote(str(paths.user_key_file()))}\n"
-            "  IdentitiesOnly yes\n"
-            f"  UserKnownHostsFile {_quote(str(paths.known_hosts_file()))}\n"
-            "  StrictHostKeyChecking yes\n"
-            f"  HostKeyAlias {alias(box.name)}\n"
-            "  ServerAliveInterval 30\n"
-        )
+    return (
+        f"{_quote(sys.executable)} -m devbox proxy --backend {box.backend} {box.name}{_where(box)}"
+    )
+
+
+def _block(box: Box, *, host_name: bool) -> str:
+    # HostName is the alias itself: a client without HostKeyAlias (paramiko) then looks
+    # the box up in the known_hosts file under the name devbox pins it by.
+    return (
+        f"\nHost {alias(box.name)}\n"
+        + (f"  HostName {alias(box.name)}\n" if host_name else "")
+        + f"  User {box.owner}\n"
+        f"  ProxyCommand {_proxy_command(box)}\n"
+        f"  IdentityFile {_quote(str(paths.user_key_file()))}\n"
+        "  IdentitiesOnly yes\n"
+        f"  UserKnownHostsFile {_quote(str(paths.known_hosts_file()))}\n"
+        "  StrictHostKeyChecking yes\n"
+        f"  HostKeyAlias {alias(box.name)}\n"
+        "  ServerAliveInterval 30\n"
+    )
+
+
+def render(boxes: Iterable[Box], *, keep: Iterable[str] = ()) -> str:
+    out = [HEADER, *(_block(box, host_name=False) for box in boxes)]
     out.extend(f"\n{block}\n" for block in keep)
     return "".join(out)
+
+
+def render_inline(boxes: Iterable[Box]) -> str:
+    """Blocks that need nothing else: every setting a connection needs is in its own
+    block (HostName too), and nothing relies on Include, Match or a `Host *` default."""
+    return INLINE_HEADER + "".join(_block(box, host_name=True) for box in boxes)
 
 
 def _other_backends(backend: str) -> list[str]:

@@ -12,8 +12,13 @@ set -eu
 
 SRC=/opt/devbox/src
 VENV=/opt/devbox/venv
+# What editors' remote servers and git need too: VS Code, Cursor and JetBrains Gateway
+# download their server with curl or wget (over TLS: ca-certificates) and unpack it with
+# tar and gzip; VS Code's scripts look for a running server with ps (procps); git fetches
+# over https and ssh, and ssh/scp out of the box (an editor's fallback copy) need
+# openssh-client.
 PACKAGES="python3 python3-venv python3-pip screen tmux openssh-client rsync git ca-certificates
-locales less vim-tiny"
+curl wget tar gzip procps locales less vim-tiny"
 LOCALE=en_US.UTF-8
 # A non-root login for a look inside the image (docker run --user 1000). Boxes run as
 # their owner's own uid, which the agent makes when a claim names the owner.

@@ -16,7 +16,7 @@ from devbox import protocol
 from devbox.runs.record import Run
 from tui.feed import BoxView, Store
 from tui.screens.base import AppScreen
-from tui.widgets.text import age, pct, size
+from tui.widgets.text import age, pct, release_hint, size
 
 CHARTS = ("util", "mem", "power", "temp")
 TOP_PROCESSES = 30
@@ -159,6 +159,8 @@ class BoxScreen(AppScreen):
         note = box.autoscaler_note(self.devbox.clock())
         if note:
             parts.append(f"[b]{note}[/b]")
+        if box.release_at:
+            parts.append(f"[b]{release_hint(box.release_at)}[/b]")
         self.query_one("#summary", Static).update("  ".join(parts))
 
     def _processes(self, view: BoxView) -> None:

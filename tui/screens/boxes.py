@@ -13,7 +13,7 @@ from textual.widgets import Footer, Header, Input, Static
 from tui.feed import BoxView, Store
 from tui.screens.base import AppScreen
 from tui.widgets.boxtable import BoxTable
-from tui.widgets.text import age, pct, size, spark
+from tui.widgets.text import age, pct, release_hint, size, spark
 
 DETAIL_HZ = 2.0
 COLUMNS = (
@@ -71,6 +71,8 @@ def detail(view: BoxView | None, now: float) -> str:
     note = box.autoscaler_note(now)
     if note:
         lines.append(f"[b]{note}[/b]  (`devbox explain {box.name}` says why)")
+    if box.release_at:
+        lines.append(f"[b]{release_hint(box.release_at)}[/b]")
     if sample is None:
         return "\n".join(lines)
     for g in sample["gpus"]:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 from devbox.statsview import age, pct
 
-__all__ = ["age", "pct", "size", "spark"]
+__all__ = ["age", "pct", "release_hint", "size", "spark"]
 
 _BLOCKS = " ▁▂▃▄▅▆▇█"
 
@@ -27,3 +28,9 @@ def size(value: float | None) -> str:
             return f"{value:.0f}{unit}" if unit in ("B", "K") else f"{value:.1f}{unit}"
         value /= 1024
     raise AssertionError("unreachable")
+
+
+def release_hint(release_at: float) -> str:
+    """When a warned box goes, and the one key that keeps it (the screens bind K)."""
+    clock = time.strftime("%H:%M:%S", time.localtime(release_at))
+    return f"releases at {clock} unless used: K keeps it"

@@ -4,21 +4,46 @@ agents' activity files, and the records where its decisions are kept."""
 from __future__ import annotations
 
 import dataclasses
+import logging
+import os
 import shutil
 import time
 from pathlib import Path
 
-from devbox import paths, private
+from devbox import config as config_mod
+from devbox import names, paths, private, terminals
 from devbox.autoscaler import policy
 from devbox.autoscaler.loop import Snapshot
 from devbox.autoscaler.state import State, loads
 from devbox.backends.local import LocalBackend
-from devbox.boxes import Box, Multiplexer, release_warning
+from devbox.boxes import Box, Multiplexer, release_warning, release_withdrawn
 from devbox.errors import UsageError
+
+log = logging.getLogger("devbox.autoscaler")
 
 
 def state_file() -> Path:
     return paths.state_dir() / "autoscaler.json"
+
+
+def box_here() -> tuple[LocalBackend, str]:
+    """The local box this process runs in, for a bare `devbox keep` in the box's terminal:
+    $DEVBOX_BOX names it (the agent sets it in sessions), and descent from that box's
+    keeper proves it (every process of a local box descends from it); UsageError elsewhere."""
+    name = os.environ.get("DEVBOX_BOX", "")
+    if not name:
+        raise UsageError("name the box to keep: `devbox keep NAME` (in a box, NAME is optional)")
+    names.validate_name(name)
+    backend = LocalBackend(config=config_mod.load())
+    keeper = backend.store.keeper_pid(name)
+    alive = keeper is not None and backend.store.keeper_alive(name)
+    if not alive or os.getpid() not in terminals.Processes().below([keeper or 0]):
+        # A pod: its agent's token may not write the keep annotation (images/k8s/policies.yaml).
+        raise UsageError(
+            f"a bare `devbox keep` keeps the local box it runs in, and this is not in one: "
+            f"`devbox keep {name}` where you claimed box {name} keeps it"
+        )
+    return backend, name
 
 
 class LocalWorld:
@@ -55,12 +80,13 @@ class LocalWorld:
             )
             if box is None:
                 return False
-            self._tell(box, release_warning(box.name, action.reason, action.release_at))
+            text = release_warning(box.name, action.reason, action.release_at, keep_inside=True)
+            self._tell(box, text)
             return True
         if isinstance(action, policy.Unwarn):
             box = self._update(action.key, action, release_at=0.0, release_reason="")
             if box is not None:
-                self._tell(box, f"devbox: box {box.name} will not be released: {action.why}")
+                self._tell(box, release_withdrawn(box.name, action.why))
             return box is not None
         if isinstance(action, policy.MarkUnhealthy):
             return self._update(action.key, action, unhealthy_since=action.since) is not None
@@ -78,11 +104,24 @@ class LocalWorld:
         return False  # no warm pool on this machine
 
     def _tell(self, box: Box, text: str) -> None:
+        """In the box's session, through its multiplexer, and in every other terminal of
+        the box (an editor's, an `ssh -t`'s), which a session message never reaches."""
         kind = box.extra.get("multiplexer", "")
-        path = shutil.which(kind) if kind in ("screen", "tmux") else None
-        if path is None:
+        path = shutil.which(kind) if kind in terminals.MULTIPLEXERS else None
+        if path is not None:
+            Multiplexer(kind, path).tell(box.name, text)
+        keeper = self.store.keeper_pid(box.name)
+        # Only while the keeper lives: a dead keeper's pid may be anyone's process now.
+        if keeper is None or not self.store.keeper_alive(box.name):
             return
-        Multiplexer(kind, path).tell(box.name, text)
+        table = terminals.Processes()
+        told = terminals.tell(
+            text,
+            table=table,
+            box=table.below([keeper]),  # every process of a local box descends from it
+            multiplexers=terminals.multiplexer_programs(*([path] if path else [])),
+        )
+        log.info("box %s: told %d terminal(s) outside its session", box.name, told)
 
     def settings_text(self) -> tuple[str, str] | None:
         from devbox.autoscaler.service import local_settings_file
