@@ -186,6 +186,18 @@ def test_inside_the_container(rk: KubeUser) -> None:
     home = lines[7]
     assert home == f"/homes/{home_folder(box['owner'])}"
     assert lines[8] == lines[9] == owner_label(box["owner"])  # the session knows who it is
+    # What editors' server installers and git need is in the image, and a command's
+    # shell is a top-level one of sshd's (so ~/.bashrc is read): SHLVL 1, SSH_CLIENT set.
+    tools = _in_box(
+        rk,
+        "inside",
+        "for t in curl wget git tar gzip; do command -v $t >/dev/null && echo have-$t; done; "
+        'echo "shlvl=$SHLVL client=${SSH_CLIENT:+set}"',
+    ).split()
+    assert tools == [f"have-{t}" for t in ("curl", "wget", "git", "tar", "gzip")] + [
+        "shlvl=1",
+        "client=set",
+    ], tools
     _in_box(rk, "inside", "echo kept-across-boxes > notes.txt")
     rk.devbox("down", "inside", check=True, timeout=120)
     _up(rk, "inside", "--profile", "real")
