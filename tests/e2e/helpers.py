@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
 import signal
 import subprocess
 import sys
 import uuid
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from devbox import gpulocks
+from devbox import gpulocks, protocol
 from tests import nvml_sim
 from tests.conftest import User
 
@@ -66,3 +70,30 @@ def start_devbox(user: User, *args: str, foreground_job: bool = False) -> subpro
 
 def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def impostor_agent(user: User, name: str, tmp_path: Path) -> Iterator[str]:
+    """Box `name`'s agent killed and another one, with another host key, answering on its
+    port: what only the connection itself shows. Yields the impostor's host-key fingerprint."""
+    box = user.box_dir(name)
+    port = json.loads((box / "box.json").read_text())["port"]
+    os.kill(int((box / "agent.lock").read_text()), signal.SIGKILL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "devbox", "agent", "--name", name, "--home", str(tmp_path),
+         "--authorized-key", str(box / "authorized_key"),
+         "--host-key", str(tmp_path / "impostor_key"), "--port", str(port),
+         "--lock-file", str(box / "agent.lock")],
+        # Its probe socket's folder goes in the user's short folder, removed after the test.
+        env={**user.env, "TMPDIR": user.env["TMUX_TMPDIR"]},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        ready = protocol.decode(proc.stdout.readline().strip())
+        assert ready.type == "ready", ready
+        yield str(ready.body["host_key_fingerprint"])
+    finally:
+        proc.kill()
+        proc.wait()

@@ -5,19 +5,17 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import stat
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from devbox import protocol
 from devbox.protocol import fingerprint
 from devbox.ssh.keys import ensure_user_key
 from tests.conftest import User
+from tests.e2e.helpers import impostor_agent
 
 NOBODY = 65534
 
@@ -152,43 +150,11 @@ def test_plain_ssh_with_a_changed_pin_gets_devboxs_line_not_the_banner(
 
 @pytest.fixture
 def impostor(user: User, tmp_path: Path) -> Iterator[str]:
-    """Box "fake" is up, but another agent, with another host key, answers on its port
-    (its own was killed): what only the connection itself shows. Yields the impostor's
-    host-key fingerprint."""
-    box = user.up("fake")
-    folder = user.box_dir("fake")
-    os.kill(int((folder / "agent.lock").read_text()), signal.SIGKILL)
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "devbox",
-            "agent",
-            "--name",
-            "fake",
-            "--home",
-            str(tmp_path),
-            "--authorized-key",
-            str(folder / "authorized_key"),
-            "--host-key",
-            str(tmp_path / "impostor_key"),
-            "--port",
-            str(box["port"]),
-            "--lock-file",
-            str(folder / "agent.lock"),
-        ],
-        env={**user.env, "TMPDIR": user.env["TMUX_TMPDIR"]},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        assert proc.stdout is not None
-        ready = protocol.decode(proc.stdout.readline().strip())
-        assert ready.type == "ready", ready
-        yield str(ready.body["host_key_fingerprint"])
-    finally:
-        proc.kill()
-        proc.wait()
+    """Box "fake" is up, but another agent, with another host key, answers on its port.
+    Yields the impostor's host-key fingerprint."""
+    user.up("fake")
+    with impostor_agent(user, "fake", tmp_path) as fingerprint:
+        yield fingerprint
 
 
 def test_another_host_key_on_the_wire_names_both_fingerprints(

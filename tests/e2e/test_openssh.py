@@ -7,7 +7,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -15,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import User
+from tests.e2e.helpers import impostor_agent
 
 pytestmark = pytest.mark.skipif(shutil.which("ssh") is None, reason="OpenSSH client missing")
 
@@ -193,37 +193,10 @@ def test_a_foreign_key_is_refused(user: User, tmp_path: Path, ssh_client: str) -
 
 
 def test_a_changed_host_key_is_refused(user: User, tmp_path: Path, ssh_client: str) -> None:
-    box = user.up("pinned")
+    user.up("pinned")
     user.devbox("ssh-config", "--write", check=True)
-    folder = user.box_dir("pinned")
-    os.kill(int((folder / "agent.lock").read_text()), signal.SIGKILL)
     # An impostor answers on the box's address with another host key.
-    impostor = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "devbox",
-            "agent",
-            "--name",
-            "pinned",
-            "--home",
-            str(tmp_path),
-            "--authorized-key",
-            str(folder / "authorized_key"),
-            "--host-key",
-            str(tmp_path / "other_key"),
-            "--port",
-            str(box["port"]),
-            "--lock-file",
-            str(folder / "agent.lock"),
-        ],
-        # Its probe socket's folder goes in the user's short folder, removed after the test.
-        env={**user.env, "TMPDIR": user.env["TMUX_TMPDIR"]},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        assert impostor.stdout is not None and b'"ready"' in impostor.stdout.readline()
+    with impostor_agent(user, "pinned", tmp_path):
         openssh = user.ssh("pinned.devbox", "true")
         assert openssh.returncode == 255
         assert b"Host key verification failed" in openssh.stderr
@@ -232,9 +205,6 @@ def test_a_changed_host_key_is_refused(user: User, tmp_path: Path, ssh_client: s
         assert ours.stderr.decode().startswith(
             "devbox: error: box pinned presented a host key that does not match the pinned"
         )
-    finally:
-        impostor.kill()
-        impostor.wait()
 
 
 def test_a_shell_on_stdin_without_a_pty(user: User) -> None:
