@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import importlib
 import json
-import socket
 import sys
 import threading
 import time
@@ -14,96 +11,14 @@ from collections.abc import Callable, Sequence
 
 from devbox import config as config_mod
 from devbox import statsview
-from devbox.backends import get as get_backend
 from devbox.backends.base import Backend
 from devbox.boxes import Box, session_warning
+
+# backend_for is re-exported while devbox.cli still asks this module for it.
+from devbox.connect import backend_for as backend_for
+from devbox.connect import open_socket, prefetch_client, refresh_ssh_config, session
 from devbox.errors import EXIT_FAILURE, DevboxError, UsageError
 from devbox.names import validate_name
-
-
-def backend_for(args: argparse.Namespace) -> Backend:
-    cfg = config_mod.load()
-    overrides = {
-        key: value
-        for key, value in (
-            ("context", getattr(args, "context", None)),
-            ("namespace", getattr(args, "namespace", None)),
-            ("start_timeout", getattr(args, "timeout", None)),
-        )
-        if value is not None
-    }
-    cfg = dataclasses.replace(cfg, **overrides)
-    return get_backend(config_mod.select_backend(getattr(args, "backend", None), cfg), cfg)
-
-
-def _refresh_ssh_config(backend: Backend) -> None:
-    from devbox.ssh import sshconfig
-
-    sshconfig.refresh_if_written(backend.list, backend.name)
-
-
-def _session(backend: Backend, box: Box, command: str | None, *, interactive: bool) -> int:
-    from devbox.ssh import openssh
-
-    ssh = openssh.available()
-    if ssh is None:
-        return _builtin(backend, box, command, interactive=interactive)
-    if box.backend == "local":
-        status = openssh.run(ssh, box, command, tty=interactive)
-    else:
-        # Through the API server: this process pumps the port-forward and OpenSSH dials it
-        # on loopback, not through a ProxyCommand (a second Python process and a second
-        # port-forward), and without importing asyncssh (0.3 s, most of a warm claim).
-        from devbox.ssh.proxy import loopback
-
-        port = loopback(_open(backend, box))
-        here = dataclasses.replace(box, host="127.0.0.1", port=port)
-        status = openssh.run(ssh, here, command, tty=interactive)
-    if status == 255:
-        # OpenSSH's own failures are 255 (silenced); so is a command that exits 255.
-        # A connect-only probe tells them apart and names a failure in one line.
-        _probe(backend, box)
-    return status
-
-
-def _builtin(backend: Backend, box: Box, command: str | None, *, interactive: bool) -> int:
-    from devbox.ssh import client
-
-    return client.run(box, _open(backend, box), command, interactive_=interactive)
-
-
-def _probe(backend: Backend, box: Box) -> None:
-    from devbox.ssh import client
-
-    try:
-        client.probe(box, _open(backend, box))
-    except DevboxError as exc:
-        if exc.message.startswith("cannot reach"):
-            raise DevboxError(
-                f"lost the connection to box {box.name} ({exc.message.split(': ', 1)[-1]})"
-            ) from None
-        raise
-
-
-def _prefetch_client(backend: Backend) -> None:
-    """Where the built-in SSH client will carry the session (no OpenSSH; see _session),
-    start its import (asyncssh, 0.25 to 0.4 s) now, so that it overlaps the waits on the
-    API server and the agent (a claim, a look-up, the port-forward's handshake)."""
-    from devbox.ssh import openssh
-
-    if backend.name != "local" and openssh.available() is None:
-        threading.Thread(
-            target=importlib.import_module, args=("devbox.ssh.client",), daemon=True
-        ).start()
-
-
-def _open(backend: Backend, box: Box) -> socket.socket:
-    try:
-        sock = backend.open_socket(box)
-    except OSError as exc:
-        raise DevboxError(f"cannot reach box {box.name}: {exc.strerror or exc}") from None
-    sock.settimeout(None)
-    return sock
 
 
 def up(args: argparse.Namespace) -> int:
@@ -112,7 +27,7 @@ def up(args: argparse.Namespace) -> int:
     backend = backend_for(args)
     attach = not (args.no_attach or args.json) and sys.stdin.isatty() and sys.stdout.isatty()
     if attach:
-        _prefetch_client(backend)
+        prefetch_client(backend)
     spec = backend.resolve(args.profile, gpus=args.gpus)
     box = backend.claim(spec, name=args.name, port=args.port)
     # On Kubernetes the refresh lists the boxes (an API request, 40 ms): beside the
@@ -129,14 +44,14 @@ def up(args: argparse.Namespace) -> int:
             _line(warning)
         if not attach:
             return 0
-        return _session(backend, box, None, interactive=True)
+        return session(backend, box, None, interactive=True)
     finally:
         refresh.join()
 
 
 def _refresh_ssh_config_or_warn(backend: Backend) -> None:
     try:
-        _refresh_ssh_config(backend)
+        refresh_ssh_config(backend)
     except (DevboxError, OSError) as exc:  # the box is up; only its ssh-config entry waits
         message = exc.message if isinstance(exc, DevboxError) else str(exc)
         _line(f"devbox: warning: ssh config not refreshed: {message}")
@@ -198,7 +113,7 @@ def down(args: argparse.Namespace) -> int:
     validate_name(args.name)
     backend = backend_for(args)
     released = backend.release(args.name, purge=args.purge, confirm=_destroy_question(args.yes))
-    _refresh_ssh_config(backend)
+    refresh_ssh_config(backend)
     if not released:
         _line(f"box {args.name}'s kept home is deleted")
     else:
@@ -231,7 +146,7 @@ def ssh(args: argparse.Namespace) -> int:
     if words[:1] == ["--"]:
         words = words[1:]
     backend = backend_for(args)
-    _prefetch_client(backend)
+    prefetch_client(backend)
     box = backend.get(args.name)
     if box.state.value not in ("running", "idle"):
         raise UsageError(f"box {box.name} is {box.state.value}: {box.reason or 'not reachable'}")
@@ -240,7 +155,7 @@ def ssh(args: argparse.Namespace) -> int:
     # Like ssh: no command and a terminal is the interactive session; no command and
     # piped input runs the login shell on that input (`echo make | devbox ssh NAME`).
     tty = sys.stdin.isatty() and sys.stdout.isatty()
-    return _session(backend, box, command, interactive=command is None and tty)
+    return session(backend, box, command, interactive=command is None and tty)
 
 
 def proxy(args: argparse.Namespace) -> int:
@@ -255,11 +170,8 @@ def proxy(args: argparse.Namespace) -> int:
     # one line (not OpenSSH's banner), and the key's mode is fixed before ssh loads the key,
     # which it does only after the key exchange. The config may name a key of the user's own.
     openssh.preflight(box, key_missing_ok=True)
-    direct = getattr(backend, "bridge_stdio", None)
-    if direct is not None:  # the kubernetes backend pumps its WebSocket onto stdio itself
-        direct(box)
-        return 0
-    bridge(_open(backend, box))
+    if not backend.proxy_stdio(box):  # kubernetes pumps its WebSocket onto stdio itself
+        bridge(open_socket(backend, box))
     return 0
 
 
@@ -278,29 +190,26 @@ def ssh_config(args: argparse.Namespace) -> int:
                     f"devbox: warning: box {box.name}'s pinned host key is now {new_fp}, was {was}"
                 )
     if args.inline:
-        sys.stdout.write(sshconfig.render_inline(boxes))
+        sys.stdout.write(sshconfig.render_inline(boxes, proxy_args=backend.proxy_args))
     elif args.write:
-        path, changed = sshconfig.write(boxes, backend.name)
+        path, changed = sshconfig.write(boxes, backend.name, proxy_args=backend.proxy_args)
         note = (
             "added an Include to ~/.ssh/config" if changed else "~/.ssh/config already includes it"
         )
         print(f"wrote {path}; {note}", file=sys.stderr)
     else:
-        sys.stdout.write(sshconfig.render(boxes))
+        sys.stdout.write(sshconfig.render(boxes, proxy_args=backend.proxy_args))
     return 0
 
 
 def pool(args: argparse.Namespace) -> int:
-    from devbox.backends.kubernetes import KubernetesBackend
-
     backend = backend_for(args)
-    if not isinstance(backend, KubernetesBackend):
-        raise UsageError("the warm pool is a kubernetes feature: add --backend kubernetes")
+    warm = backend.warm_pool()  # a one-line UsageError where the backend has none
     if args.pool_command == "warm":
         spec = backend.resolve(args.profile, gpus=args.gpus)
-        boxes = backend.warm(spec, size=args.size, wait=not args.no_wait)
+        boxes = warm.warm(spec, size=args.size, wait=not args.no_wait)
     else:
-        boxes = backend.pool()
+        boxes = warm.pool()
     if getattr(args, "json", False):
         print(json.dumps([b.to_json() for b in boxes]))
         return 0
@@ -389,7 +298,7 @@ def stats(args: argparse.Namespace) -> int:
     try:
         telemetry.stream(
             box,
-            _open(backend, box),
+            open_socket(backend, box),
             rate=args.rate,
             history=args.history,
             on_frame=show,
@@ -405,13 +314,11 @@ def probe(args: argparse.Namespace) -> int:
     from devbox.probecmd import run
 
     backend = backend_for(args)
-    return run(args, backend=backend, open_socket=lambda box: _open(backend, box))
+    return run(args, backend=backend, open_socket=lambda box: open_socket(backend, box))
 
 
 def _table(rows: Sequence[tuple[str, ...]]) -> None:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    for row in rows:
-        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+    print("\n".join(statsview.table(rows)))
 
 
 def autoscaler(args: argparse.Namespace) -> int:

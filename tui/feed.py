@@ -24,7 +24,6 @@ from typing import Any, Protocol
 from devbox import protocol
 from devbox.backends.base import Backend
 from devbox.boxes import Box, BoxSpec
-from devbox.errors import DevboxError
 from devbox.protocol import LayerStats, ProbeAlert, ProbeRequest, ProbeStats, Sample
 from devbox.runs.record import Run
 
@@ -86,13 +85,10 @@ class BackendFeed:
         return await asyncio.to_thread(self.backend.list)
 
     async def _connect(self, box: Box) -> Any:
+        from devbox import connect
         from devbox.ssh import client
 
-        try:
-            sock = await asyncio.to_thread(self.backend.open_socket, box)
-        except OSError as exc:
-            raise DevboxError(f"cannot reach box {box.name}: {exc.strerror or exc}") from None
-        sock.settimeout(None)
+        sock = await asyncio.to_thread(connect.open_socket, self.backend, box)
         return await client.connect(box, sock)
 
     async def stream(self, box: Box, *, rate: float) -> AsyncIterator[protocol.Frame]:

@@ -12,47 +12,18 @@ import threading
 import time
 from dataclasses import asdict
 from pathlib import Path
-from typing import Protocol
 
 from devbox import paths
 from devbox.autoscaler import config, policy
-from devbox.autoscaler.loop import Autoscaler, World
+from devbox.autoscaler.loop import Autoscaler
 from devbox.autoscaler.metrics import Metrics, serve
 from devbox.autoscaler.state import State
+from devbox.autoscaler.world import Inspectable
 from devbox.backends.base import Backend
 from devbox.errors import UsageError
 from devbox.statsview import age
 
 log = logging.getLogger("devbox.autoscaler")
-
-
-class Inspectable(World, Protocol):
-    def settings_text(self) -> tuple[str, str] | None:
-        """(TOML text, where it came from) of the backend's own settings; None: none."""
-        ...
-
-    def find(self, name: str) -> policy.BoxFacts | None:
-        """One box with its activity (a few requests: for `devbox explain` only)."""
-        ...
-
-    def history(self, facts: policy.BoxFacts | None, name: str) -> list[str]:
-        """What the autoscaler recorded about the box (events), oldest first; `name` is
-        the released box's key when it is gone."""
-        ...
-
-
-def world_for(backend: Backend) -> Inspectable:
-    if backend.name == "kubernetes":
-        from devbox.backends.kubernetes import KubernetesBackend
-        from devbox.backends.kubernetes.autoscaling import KubeWorld
-
-        assert isinstance(backend, KubernetesBackend)
-        return KubeWorld(backend)
-    from devbox.backends.local import LocalBackend
-    from devbox.backends.local.autoscaling import LocalWorld
-
-    assert isinstance(backend, LocalBackend)
-    return LocalWorld(backend)
 
 
 def local_settings_file() -> Path:
@@ -79,7 +50,7 @@ def run(args: argparse.Namespace, backend: Backend) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    world = world_for(backend)
+    world = backend.autoscaler_world()
     settings = load_settings(world, args.config)
     metrics = Metrics()
     server = None
@@ -122,14 +93,12 @@ def run(args: argparse.Namespace, backend: Backend) -> int:
     finally:
         if server is not None:
             server.shutdown()
-        close = getattr(world, "close", None)
-        if close is not None:
-            close()
+        world.close()
     return 0
 
 
 def explain(args: argparse.Namespace, backend: Backend) -> int:
-    world = world_for(backend)
+    world = backend.autoscaler_world()
     settings = load_settings(world, args.config)
     state = world.load_state()
     facts = world.find(args.name)

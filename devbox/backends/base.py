@@ -1,14 +1,35 @@
-"""The Backend protocol: what every place boxes can live must offer."""
+"""The Backend protocol: what every place boxes can live must offer.
+
+What only some backends can do is declared here too, as a constant or as a method every
+backend has (answering None, or raising a one-line UsageError, where it does not apply):
+callers ask the backend, and never probe it with getattr/isinstance or branch on its name
+(tests/unit/test_backend_seams.py)."""
 
 from __future__ import annotations
 
 import builtins
 import socket
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from devbox.boxes import Box, BoxSpec
 from devbox.profiles import Profile
+
+if TYPE_CHECKING:
+    from devbox.autoscaler.world import Inspectable
+
+
+class WarmPool(Protocol):
+    """Unclaimed boxes started ahead of claims, so that a claim takes one in a moment."""
+
+    def warm(self, spec: BoxSpec, *, size: int, wait: bool = True) -> builtins.list[Box]:
+        """Top the pool of `spec`'s profile up to `size` boxes of its current shape
+        (removing those of an older one); returns the pool of that profile."""
+        ...
+
+    def pool(self) -> builtins.list[Box]:
+        """Every unclaimed box of the pool."""
+        ...
 
 
 class Backend(Protocol):
@@ -16,6 +37,10 @@ class Backend(Protocol):
     # How often a watcher of one box (`devbox proxy`'s release warnings) may look at it:
     # what a look costs here (a file read, or a request to a shared API server).
     look_interval: float
+    # True: a box's SSH server is dialled at (box.host, box.port), so OpenSSH reaches it
+    # with no help. False: only through `open_socket` (a port-forward this process pumps,
+    # or `devbox proxy` as OpenSSH's ProxyCommand).
+    direct_ssh: bool
 
     def profiles(self) -> builtins.list[Profile]:
         """Every profile a claim may name, each with where it came from."""
@@ -54,6 +79,25 @@ class Backend(Protocol):
 
     def open_socket(self, box: Box) -> socket.socket:
         """A connected byte stream to the box's SSH endpoint."""
+        ...
+
+    def proxy_stdio(self, box: Box) -> bool:
+        """`devbox proxy`: pump stdin/stdout to the box's SSH endpoint by the backend's own
+        means, until either side ends; False: it has none, and the caller bridges
+        `open_socket`."""
+        ...
+
+    def proxy_args(self, box: Box) -> builtins.list[str]:
+        """The `devbox proxy` options, beyond --backend and the box's name, that address
+        `box` whatever later commands default to (an ssh config's ProxyCommand)."""
+        ...
+
+    def warm_pool(self) -> WarmPool:
+        """The backend's warm pool; UsageError (one line) where it has none."""
+        ...
+
+    def autoscaler_world(self) -> Inspectable:
+        """What `devbox autoscaler` and `devbox explain` observe and act on here."""
         ...
 
     def sync_root(self, box: Box) -> str | None:

@@ -11,7 +11,7 @@ from pathlib import Path
 from devbox import completion, statsview
 from devbox.backends.base import Backend
 from devbox.boxes import Box
-from devbox.commands import backend_for
+from devbox.connect import backend_for, refresh_ssh_config
 from devbox.errors import EXIT_FAILURE, DevboxError, UsageError
 from devbox.names import validate_name
 from devbox.runs import record, remote, sync
@@ -32,9 +32,7 @@ def _box_for_run(backend: Backend, args: argparse.Namespace) -> Box:
     if args.box is not None:
         return remote.live(backend, args.box)
     box = backend.claim(backend.resolve("default", gpus=args.gpus))
-    from devbox import commands
-
-    commands._refresh_ssh_config(backend)
+    refresh_ssh_config(backend)
     gpus = f", GPUs {','.join(box.gpu_ids)}" if box.gpu_ids else ""
     print(f"claimed box {box.name} ({box.backend}{gpus})", file=sys.stderr)
     return box
@@ -145,9 +143,7 @@ def runs(args: argparse.Namespace) -> int:
     else:
         now = time.time()
         rows = [("BOX", "RUN", "STATE", "EXIT", "STARTED", "TOOK", "GPUS", "COMMIT", "COMMAND")]
-        from devbox.commands import _table
-
-        _table(rows + [_row(r, now) for r in found])
+        print("\n".join(statsview.table(rows + [_row(r, now) for r in found])))
     for problem in problems:
         print(f"devbox: error: {problem}", file=sys.stderr)
     return EXIT_FAILURE if problems else 0

@@ -31,21 +31,21 @@ def live(backend: Backend, name: str) -> Box:
 def session(backend: Backend, box: Box, *words: str, interactive: bool = False) -> int:
     """The helper with the terminal's stdin, stdout and stderr: its output and its one-line
     errors reach the user as they are."""
-    from devbox import commands
+    from devbox import connect
 
-    return commands._session(backend, box, helper_command(*words), interactive=interactive)
+    return connect.session(backend, box, helper_command(*words), interactive=interactive)
 
 
 def capture(backend: Backend, box: Box, *words: str) -> tuple[int, bytes, bytes]:
-    from devbox import commands
+    from devbox import connect
     from devbox.ssh import openssh
 
     command = helper_command(*words)
-    ssh = openssh.available() if box.backend == "local" else None
+    ssh = openssh.available() if backend.direct_ssh else None
     if ssh is None:
         from devbox.ssh import client
 
-        return client.capture(box, commands._open(backend, box), command)
+        return client.capture(box, connect.open_socket(backend, box), command)
     done = subprocess.run(
         openssh.argv(ssh, box, command, tty=False),
         stdin=subprocess.DEVNULL,
@@ -53,7 +53,7 @@ def capture(backend: Backend, box: Box, *words: str) -> tuple[int, bytes, bytes]
         check=False,
     )
     if done.returncode == 255:
-        commands._probe(backend, box)  # names a connection failure in one line
+        connect.probe(backend, box)  # names a connection failure in one line
     return done.returncode, done.stdout, done.stderr
 
 

@@ -85,18 +85,18 @@ def _method() -> str:
     return "rsync" if shutil.which("rsync") else "sftp"
 
 
-def _rsync_shell(box: Box) -> tuple[list[str], str]:
+def _rsync_shell(backend: Backend, box: Box) -> tuple[list[str], str]:
     from devbox.ssh import openssh, sshconfig
 
     ssh = shutil.which("ssh")
     if ssh is None:
         raise _NoRsync("the OpenSSH client is missing")
-    if box.backend == "local":
+    if backend.direct_ssh:
         return openssh.rsync_shell(ssh, box)
     # Elsewhere the box is reached through `devbox proxy`, as `ssh NAME.devbox` does.
     config = paths.state_dir() / "sync" / f"{box.name}.ssh_config"
     private.ensure_dir(config.parent)
-    private.write_text(config, sshconfig.render([box]))
+    private.write_text(config, sshconfig.render([box], proxy_args=backend.proxy_args))
     return [ssh, "-F", str(config), "-T", "-o", "BatchMode=yes"], f"{box.name}.devbox"
 
 
@@ -109,8 +109,8 @@ def rsync_argv(rsh: list[str], host: str, src: Path, dest: str) -> list[str]:
     return [rsync, *RSYNC_FLAGS, "-e", shlex.join(rsh), f"{src}/", f"{host}:{dest}/"]
 
 
-def _rsync(box: Box, src: Path, dest: str) -> list[str]:
-    rsh, host = _rsync_shell(box)
+def _rsync(backend: Backend, box: Box, src: Path, dest: str) -> list[str]:
+    rsh, host = _rsync_shell(backend, box)
     done = subprocess.run(
         rsync_argv(rsh, host, src, dest),
         stdin=subprocess.DEVNULL,
@@ -143,7 +143,7 @@ def _rsync_failure(box: Box, src: Path, done: subprocess.CompletedProcess[str]) 
 
 
 def _sftp(backend: Backend, box: Box, src: Path, dest: str) -> list[str]:
-    from devbox import commands
+    from devbox import connect
     from devbox.runs import ignore
     from devbox.ssh import sftpsync
 
@@ -151,7 +151,7 @@ def _sftp(backend: Backend, box: Box, src: Path, dest: str) -> list[str]:
         files = list(ignore.walk(src))
     except PermissionError as exc:
         raise UsageError(f"cannot sync {src}: cannot read {exc.filename}") from None
-    return sftpsync.push(box, commands._open(backend, box), src, files, dest)
+    return sftpsync.push(box, connect.open_socket(backend, box), src, files, dest)
 
 
 def push(backend: Backend, box: Box, src: Path, *, dest: str | None = None) -> Synced:
@@ -160,7 +160,7 @@ def push(backend: Backend, box: Box, src: Path, *, dest: str | None = None) -> S
         dest = f"{root}/{src.name}" if root else src.name
     if _method() == "rsync":
         try:
-            return Synced(dest=dest, sent=_rsync(box, src, dest), method="rsync")
+            return Synced(dest=dest, sent=_rsync(backend, box, src, dest), method="rsync")
         except _NoRsync:
             pass
     return Synced(dest=dest, sent=_sftp(backend, box, src, dest), method="sftp")

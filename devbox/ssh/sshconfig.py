@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import re
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from devbox import paths
@@ -22,11 +22,9 @@ def _quote(value: str) -> str:
     return f'"{value}"' if any(c.isspace() for c in value) else value
 
 
-def _where(box: Box) -> str:
-    # A Kubernetes box lives in one namespace: pin it, so the alias keeps working whatever
-    # namespace later commands default to.
-    ns = box.extra.get("namespace")
-    return f" --namespace {ns}" if box.backend == "kubernetes" and ns else ""
+# What addresses a box beyond its backend and name: its backend's `proxy_args` (the
+# namespace of a pod), so the alias works whatever later commands default to.
+ProxyArgs = Callable[[Box], Sequence[str]]
 
 
 INLINE_HEADER = (
@@ -35,22 +33,21 @@ INLINE_HEADER = (
 )
 
 
-def _proxy_command(box: Box) -> str:
+def _proxy_command(box: Box, proxy_args: ProxyArgs) -> str:
     # `python -m devbox`, not a bare `devbox`: VS Code and other tools run ssh with
     # a PATH that may not contain the console script.
-    return (
-        f"{_quote(sys.executable)} -m devbox proxy --backend {box.backend} {box.name}{_where(box)}"
-    )
+    where = "".join(f" {_quote(word)}" for word in proxy_args(box))
+    return f"{_quote(sys.executable)} -m devbox proxy --backend {box.backend} {box.name}{where}"
 
 
-def _block(box: Box, *, host_name: bool) -> str:
+def _block(box: Box, *, host_name: bool, proxy_args: ProxyArgs) -> str:
     # HostName is the alias itself: a client without HostKeyAlias (paramiko) then looks
     # the box up in the known_hosts file under the name devbox pins it by.
     return (
         f"\nHost {alias(box.name)}\n"
         + (f"  HostName {alias(box.name)}\n" if host_name else "")
         + f"  User {box.owner}\n"
-        f"  ProxyCommand {_proxy_command(box)}\n"
+        f"  ProxyCommand {_proxy_command(box, proxy_args)}\n"
         f"  IdentityFile {_quote(str(paths.user_key_file()))}\n"
         "  IdentitiesOnly yes\n"
         f"  UserKnownHostsFile {_quote(str(paths.known_hosts_file()))}\n"
@@ -60,16 +57,18 @@ def _block(box: Box, *, host_name: bool) -> str:
     )
 
 
-def render(boxes: Iterable[Box], *, keep: Iterable[str] = ()) -> str:
-    out = [HEADER, *(_block(box, host_name=False) for box in boxes)]
+def render(boxes: Iterable[Box], *, keep: Iterable[str] = (), proxy_args: ProxyArgs) -> str:
+    out = [HEADER, *(_block(box, host_name=False, proxy_args=proxy_args) for box in boxes)]
     out.extend(f"\n{block}\n" for block in keep)
     return "".join(out)
 
 
-def render_inline(boxes: Iterable[Box]) -> str:
+def render_inline(boxes: Iterable[Box], *, proxy_args: ProxyArgs) -> str:
     """Blocks that need nothing else: every setting a connection needs is in its own
     block (HostName too), and nothing relies on Include, Match or a `Host *` default."""
-    return INLINE_HEADER + "".join(_block(box, host_name=True) for box in boxes)
+    return INLINE_HEADER + "".join(
+        _block(box, host_name=True, proxy_args=proxy_args) for box in boxes
+    )
 
 
 def _other_backends(backend: str) -> list[str]:
@@ -83,9 +82,9 @@ def _other_backends(backend: str) -> list[str]:
     return [b.strip("\n") for b in blocks if f" --backend {backend} " not in b]
 
 
-def _write_managed(boxes: Iterable[Box], backend: str) -> Path:
+def _write_managed(boxes: Iterable[Box], backend: str, proxy_args: ProxyArgs) -> Path:
     managed = paths.ssh_config_file()
-    text = render(boxes, keep=_other_backends(backend))
+    text = render(boxes, keep=_other_backends(backend), proxy_args=proxy_args)
     managed.parent.mkdir(parents=True, exist_ok=True)
     tmp = managed.with_name(managed.name + ".tmp")
     tmp.write_text(text)
@@ -97,14 +96,14 @@ def include_line(path: Path | None = None) -> str:
     return f"Include {_quote(str(path or paths.ssh_config_file()))}"
 
 
-def write(boxes: Iterable[Box], backend: str) -> tuple[Path, bool]:
+def write(boxes: Iterable[Box], backend: str, *, proxy_args: ProxyArgs) -> tuple[Path, bool]:
     """Write the managed file (`backend`'s boxes replace that backend's blocks) and make
     sure ~/.ssh/config includes it.
 
     Returns the managed path and whether ~/.ssh/config was changed. The Include
     goes first: an Include after a Host line would apply only to that host.
     """
-    managed = _write_managed(boxes, backend)
+    managed = _write_managed(boxes, backend, proxy_args)
 
     user = paths.user_ssh_config()
     if user.is_symlink():  # dotfile managers link it; write through, keep the link
@@ -125,8 +124,10 @@ def write(boxes: Iterable[Box], backend: str) -> tuple[Path, bool]:
     return managed, True
 
 
-def refresh_if_written(boxes: Callable[[], Iterable[Box]], backend: str) -> None:
+def refresh_if_written(
+    boxes: Callable[[], Iterable[Box]], backend: str, *, proxy_args: ProxyArgs
+) -> None:
     """Keep the managed file current after up/down, once the user has opted in with --write.
     `boxes` is called only then: listing them is an API request on Kubernetes."""
     if paths.ssh_config_file().exists():
-        _write_managed(boxes(), backend)
+        _write_managed(boxes(), backend, proxy_args)

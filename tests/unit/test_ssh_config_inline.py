@@ -43,8 +43,13 @@ def boxes(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[Box]:
     ]
 
 
+def _place(box: Box) -> list[str]:
+    """What the kubernetes backend's proxy_args gives its box (tested in test_backend_seams)."""
+    return ["--namespace", "team-a"] if box.name == "pod" else []
+
+
 def test_every_block_is_complete_with_no_include_or_match(boxes: list[Box]) -> None:
-    text = sshconfig.render_inline(boxes)
+    text = sshconfig.render_inline(boxes, proxy_args=_place)
     lines = [ln.strip() for ln in text.splitlines()]
     settings = [ln.split()[0].lower() for ln in lines if ln and not ln.startswith("#")]
     assert "include" not in settings and "match" not in settings
@@ -65,7 +70,7 @@ def test_every_block_is_complete_with_no_include_or_match(boxes: list[Box]) -> N
 @pytest.mark.skipif(shutil.which("ssh") is None, reason="OpenSSH client missing")
 def test_openssh_reads_the_same_settings(boxes: list[Box], tmp_path: Path) -> None:
     inline = tmp_path / "inline_config"
-    inline.write_text(sshconfig.render_inline(boxes))
+    inline.write_text(sshconfig.render_inline(boxes, proxy_args=_place))
     shown = subprocess.run(
         ["ssh", "-G", "-F", str(inline), "pod.devbox"], capture_output=True, text=True, check=True
     ).stdout

@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from devbox import names, paths, profiles
 from devbox import protocol as p
@@ -31,6 +31,10 @@ from devbox.errors import DevboxError, ResourceError, UsageError
 from devbox.profiles import Profile
 from devbox.ssh import known_hosts
 from devbox.ssh.keys import ensure_user_key
+
+if TYPE_CHECKING:
+    from devbox.autoscaler.world import Inspectable
+    from devbox.backends.base import WarmPool
 
 POLL = 0.05  # seconds between looks at a pod that is starting; a warm claim takes a few
 
@@ -53,6 +57,7 @@ def _stderr(message: str) -> None:
 class KubernetesBackend:
     name = "kubernetes"
     look_interval = 30.0  # a GET of the pod, from every open connection of every user
+    direct_ssh = False  # box.port is the pod's: reached only through the port-forward
 
     def __init__(self, *, config: Config, progress: Callable[[str], None] = _stderr) -> None:
         self.config = config
@@ -370,14 +375,29 @@ class KubernetesBackend:
     def sync_root(self, box: Box) -> str | None:
         return None  # sessions' $HOME is the owner's home in the pod: trees go to ~/FOLDER
 
-    def bridge_stdio(self, box: Box) -> None:
+    def proxy_stdio(self, box: Box) -> bool:
         """`devbox proxy`: stdin/stdout straight onto the port-forward's WebSocket."""
         c = self.cluster
         portforward.bridge_stdio(
             c.endpoint, namespace=c.namespace, pod=box.extra["pod"], port=p.SSH_PORT
         )
+        return True
+
+    def proxy_args(self, box: Box) -> builtins.list[str]:
+        # A box lives in one namespace: pin it, so the alias keeps working whatever
+        # namespace later commands default to.
+        ns = box.extra.get("namespace")
+        return ["--namespace", ns] if ns else []
+
+    def autoscaler_world(self) -> Inspectable:
+        from devbox.backends.kubernetes.autoscaling import KubeWorld
+
+        return KubeWorld(self)
 
     # --- warm pool ------------------------------------------------------------------
+
+    def warm_pool(self) -> WarmPool:
+        return self
 
     def pool(self) -> builtins.list[Box]:
         with api.errors(self.cluster):

@@ -15,6 +15,7 @@ import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from devbox import names, paths, private, profiles, protocol
 from devbox.backends.local import keeper
@@ -26,6 +27,10 @@ from devbox.errors import DevboxError, ResourceError, StateError, UsageError
 from devbox.profiles import Profile
 from devbox.ssh import known_hosts
 from devbox.ssh.keys import ensure_user_key
+
+if TYPE_CHECKING:
+    from devbox.autoscaler.world import Inspectable
+    from devbox.backends.base import WarmPool
 
 STOP_TIMEOUT = 10.0
 
@@ -42,6 +47,7 @@ def _login() -> str:
 class LocalBackend:
     name = "local"
     look_interval = 2.0  # a record file on this machine
+    direct_ssh = True  # the agent listens on 127.0.0.1:box.port
 
     def __init__(self, *, config: Config, root: Path | None = None) -> None:
         self.config = config
@@ -229,6 +235,20 @@ class LocalBackend:
         # for the agent's delayed ACK (40 ms), several times per connection.
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         return sock
+
+    def proxy_stdio(self, box: Box) -> bool:
+        return False  # a plain socket: the caller's bridge carries it
+
+    def proxy_args(self, box: Box) -> builtins.list[str]:
+        return []  # the name alone: boxes of this machine's user live in one place
+
+    def warm_pool(self) -> WarmPool:
+        raise UsageError("the warm pool is a kubernetes feature: add --backend kubernetes")
+
+    def autoscaler_world(self) -> Inspectable:
+        from devbox.backends.local.autoscaling import LocalWorld
+
+        return LocalWorld(self)
 
     def sync_root(self, box: Box) -> str | None:
         # Sessions have the user's own $HOME: synced trees go to the box's folder instead.

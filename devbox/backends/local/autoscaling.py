@@ -143,6 +143,9 @@ class LocalWorld:
     def history(self, facts: policy.BoxFacts | None, name: str) -> list[str]:
         return []  # the autoscaler's log and state file hold it locally
 
+    def close(self) -> None:
+        pass  # it reads files as it goes: nothing runs in the background
+
     def load_state(self) -> State:
         try:
             return loads(state_file().read_text())

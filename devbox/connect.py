@@ -1,0 +1,114 @@
+"""The one session service: from parsed arguments to a backend, and from a box to a socket,
+an SSH session or a connect-only probe, with connection failures said in one line.
+
+Every command that reaches into a box goes through here: `devbox up`/`ssh`/`proxy`/`stats`/
+`probe` (devbox.commands), `devbox run` and its siblings (devbox.runs), and the dashboard
+(tui.feed). The SSH clients themselves stay in devbox.ssh; this module picks one and says
+what went wrong. It imports neither asyncssh nor the official Kubernetes client at import.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import socket
+import threading
+
+from devbox import config as config_mod
+from devbox.backends import get as get_backend
+from devbox.backends.base import Backend
+from devbox.boxes import Box
+from devbox.errors import DevboxError
+
+
+def backend_for(args: argparse.Namespace) -> Backend:
+    """The backend the command's flags and the user's config name, with the flags' overrides."""
+    cfg = config_mod.load()
+    overrides = {
+        key: value
+        for key, value in (
+            ("context", getattr(args, "context", None)),
+            ("namespace", getattr(args, "namespace", None)),
+            ("start_timeout", getattr(args, "timeout", None)),
+        )
+        if value is not None
+    }
+    cfg = dataclasses.replace(cfg, **overrides)
+    return get_backend(config_mod.select_backend(getattr(args, "backend", None), cfg), cfg)
+
+
+def refresh_ssh_config(backend: Backend) -> None:
+    """Rewrite the boxes' ssh-config entries, if the user wrote them (`ssh-config --write`)."""
+    from devbox.ssh import sshconfig
+
+    sshconfig.refresh_if_written(backend.list, backend.name, proxy_args=backend.proxy_args)
+
+
+def open_socket(backend: Backend, box: Box) -> socket.socket:
+    """A blocking byte stream to the box's SSH server; "cannot reach box NAME: ..." if none."""
+    try:
+        sock = backend.open_socket(box)
+    except OSError as exc:
+        raise DevboxError(f"cannot reach box {box.name}: {exc.strerror or exc}") from None
+    sock.settimeout(None)
+    return sock
+
+
+def session(backend: Backend, box: Box, command: str | None, *, interactive: bool) -> int:
+    """`command` in the box (None: the login shell) on this terminal's stdin, stdout and
+    stderr, through OpenSSH where it is installed, else devbox's own client; its exit status."""
+    from devbox.ssh import openssh
+
+    ssh = openssh.available()
+    if ssh is None:
+        return _builtin(backend, box, command, interactive=interactive)
+    if backend.direct_ssh:
+        status = openssh.run(ssh, box, command, tty=interactive)
+    else:
+        # Through the API server: this process pumps the port-forward and OpenSSH dials it
+        # on loopback, not through a ProxyCommand (a second Python process and a second
+        # port-forward), and without importing asyncssh (0.3 s, most of a warm claim).
+        from devbox.ssh.proxy import loopback
+
+        port = loopback(open_socket(backend, box))
+        here = dataclasses.replace(box, host="127.0.0.1", port=port)
+        status = openssh.run(ssh, here, command, tty=interactive)
+    if status == 255:
+        # OpenSSH's own failures are 255 (silenced); so is a command that exits 255.
+        # A connect-only probe tells them apart and names a failure in one line.
+        probe(backend, box)
+    return status
+
+
+def _builtin(backend: Backend, box: Box, command: str | None, *, interactive: bool) -> int:
+    from devbox.ssh import client
+
+    return client.run(box, open_socket(backend, box), command, interactive_=interactive)
+
+
+def probe(backend: Backend, box: Box) -> None:
+    """Connect and authenticate, run nothing: returns if the box takes a session, else
+    raises the failure's one line ("lost the connection to box NAME (...)" for a dead link)."""
+    from devbox.ssh import client
+
+    try:
+        client.probe(box, open_socket(backend, box))
+    except DevboxError as exc:
+        if exc.message.startswith("cannot reach"):
+            raise DevboxError(
+                f"lost the connection to box {box.name} ({exc.message.split(': ', 1)[-1]})"
+            ) from None
+        raise
+
+
+def prefetch_client(backend: Backend) -> None:
+    """Where the built-in SSH client will carry the session (no OpenSSH; see session),
+    start its import (asyncssh, 0.25 to 0.4 s) now, so that it overlaps the waits on the
+    API server and the agent (a claim, a look-up, the port-forward's handshake)."""
+    from devbox.ssh import openssh
+
+    if not backend.direct_ssh and openssh.available() is None:
+        threading.Thread(
+            target=importlib.import_module, args=("devbox.ssh.client",), daemon=True
+        ).start()
