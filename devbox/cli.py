@@ -76,6 +76,35 @@ def _duration(text: str) -> float:
 _bins = _number("bins", int, low=1, high=1000)
 _pid = _number("pid", int, low=1, high=float("inf"))
 
+# What a TAB offers for an argument's value, marked where the argument is defined so the
+# grammar is written once (devbox.completion reads the marks): your boxes' names, or the run
+# ids of the box named before it. Choices and subcommands need no mark.
+BOX_NAME = "box name"
+RUN_ID = "run id"
+_OFFERS = "devbox_offers"
+_HIDDEN = "devbox_hidden"
+
+
+def _offer(parser: argparse.ArgumentParser, **offers: str) -> None:
+    """Mark `parser`'s arguments, by dest, with what a TAB offers for their values."""
+    marked = {a.dest for a in parser._actions if a.dest in offers}
+    if marked != set(offers):
+        raise ValueError(f"no such argument to mark: {sorted(set(offers) - marked)}")
+    for action in parser._actions:
+        if action.dest in offers:
+            setattr(action, _OFFERS, offers[action.dest])
+
+
+def offers(action: argparse.Action) -> str | None:
+    """BOX_NAME, RUN_ID or None: what a TAB offers for `action`'s value."""
+    value = getattr(action, _OFFERS, None)
+    return value if isinstance(value, str) else None
+
+
+def hidden(parser: argparse.ArgumentParser) -> bool:
+    """Is this a command for devbox's own use, which a TAB does not offer?"""
+    return getattr(parser, _HIDDEN, False) is True
+
 
 def _probe_parser(sub: Any, backend: argparse.ArgumentParser) -> None:
     probe = sub.add_parser(
@@ -84,6 +113,7 @@ def _probe_parser(sub: Any, backend: argparse.ArgumentParser) -> None:
         help="live per-layer statistics of a model training in a box (devbox.probe)",
     )
     probe.add_argument("name")
+    _offer(probe, name=BOX_NAME)
     probe.add_argument("--json", action="store_true", help="JSON: one frame body per line")
     probe.add_argument("--watch", "-w", action="store_true", help="keep streaming (ctrl-c ends)")
     probe.add_argument("--count", "-c", type=_count, help="stop after COUNT reports")
@@ -134,6 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     down = sub.add_parser("down", parents=[backend], help="release a box (its home is kept)")
     down.add_argument("name")
+    _offer(down, name=BOX_NAME)
     down.add_argument(
         "--purge",
         action="store_true",
@@ -150,12 +181,14 @@ def build_parser() -> argparse.ArgumentParser:
         usage="devbox ssh NAME [-- CMD ...]",
     )
     ssh.add_argument("name")
+    _offer(ssh, name=BOX_NAME)
     ssh.add_argument("cmd", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
 
     proxy = sub.add_parser(
         "proxy", parents=[backend], help="bridge stdin/stdout to a box (ssh ProxyCommand)"
     )
     proxy.add_argument("name")
+    _offer(proxy, name=BOX_NAME)
 
     cfg = sub.add_parser(
         "ssh-config",
@@ -190,11 +223,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--for", dest="duration", type=_duration, default=4 * 3600.0, help="30m, 4h, 1d (4h)"
     )
     keep.add_argument("--off", action="store_true", help="end the hold now")
+    _offer(keep, name=BOX_NAME)
 
     stats = sub.add_parser(
         "stats", parents=[backend], help="live GPU, host and process telemetry of a box"
     )
     stats.add_argument("name")
+    _offer(stats, name=BOX_NAME)
     stats.add_argument("--json", action="store_true", help="JSON: one sample per line")
     stats.add_argument("--watch", "-w", action="store_true", help="keep streaming (ctrl-c ends)")
     stats.add_argument("--rate", type=_rate, default=1.0, help="samples per second (default 1)")
@@ -244,10 +279,12 @@ def build_parser() -> argparse.ArgumentParser:
         "explain", parents=[backend], help="why the autoscaler keeps a box, or released it"
     )
     explain.add_argument("name")
+    _offer(explain, name=BOX_NAME)
     explain.add_argument("--config", type=Path, help="settings file, as for `devbox autoscaler`")
     explain.add_argument("--json", action="store_true", help="the verdict as JSON")
 
-    sub.add_parser("agent", help="run a box's agent (used by the backends)", add_help=False)
+    agent = sub.add_parser("agent", help="run a box's agent (used by the backends)", add_help=False)
+    setattr(agent, _HIDDEN, True)
     return parser
 
 
@@ -270,29 +307,35 @@ def _add_run_commands(sub: argparse._SubParsersAction[_Parser], backend: _Parser
         "--detach", "-d", action="store_true", help="print the run id and return at once"
     )
     run.add_argument("cmd", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    _offer(run, box=BOX_NAME)
 
     runs = sub.add_parser("runs", parents=[backend], help="list the runs of a box (or all)")
     runs.add_argument("name", nargs="?", help="box name (default: every running box)")
+    _offer(runs, name=BOX_NAME)
     runs.add_argument("--json", action="store_true", help="one JSON array of run records")
 
     logs = sub.add_parser("logs", parents=[backend], help="print or follow a run's output")
     logs.add_argument("name")
     logs.add_argument("run")
+    _offer(logs, name=BOX_NAME, run=RUN_ID)
     logs.add_argument("--follow", "-f", action="store_true", help="until the run ends")
 
     attach = sub.add_parser("attach", parents=[backend], help="join a run's window")
     attach.add_argument("name")
     attach.add_argument("run")
+    _offer(attach, name=BOX_NAME, run=RUN_ID)
 
     kill = sub.add_parser("kill", parents=[backend], help="stop a run (SIGTERM, then SIGKILL)")
     kill.add_argument("name")
     kill.add_argument("run")
+    _offer(kill, name=BOX_NAME, run=RUN_ID)
 
     sync = sub.add_parser(
         "sync", parents=[backend], help="sync a folder into a box, as `devbox run` does"
     )
     sync.add_argument("name")
     sync.add_argument("dir", nargs="?", default=".", help="the folder (default: .)")
+    _offer(sync, name=BOX_NAME)
 
     comp = sub.add_parser("completion", help='shell completion: eval "$(devbox completion bash)"')
     comp.add_argument("shell", choices=("bash", "zsh"))
@@ -306,7 +349,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return agent_main(argv[1:])
     if argv[:1] == ["_complete"]:
-        # On every TAB: no argparse, no backend, only a cache file (devbox.completion).
+        # On every TAB: the parser and a cache file, never a backend (devbox.completion).
         from devbox.completion import complete
 
         return complete(argv[1:])
@@ -337,8 +380,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "completion":
             from devbox.completion import script
 
-            names = [c for c in _subcommands() if c != "agent"]
-            sys.stdout.write(script(args.shell, commands=names))
+            sys.stdout.write(script(args.shell))
             return _flushed(0)
         return _flushed(commands.dispatch(args))
     except DevboxError as exc:
@@ -407,8 +449,3 @@ def _os_error(exc: OSError) -> str:
     what = exc.strerror or str(exc) or type(exc).__name__
     names = [str(n) for n in (exc.filename, exc.filename2) if n is not None]
     return f"{what}: {' -> '.join(names)}" if names else what
-
-
-def _subcommands() -> list[str]:
-    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
-    return list(sub.choices)
