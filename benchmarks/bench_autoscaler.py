@@ -22,12 +22,17 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
-from bench_k8s import private_cluster
-from harness import REPO, emit, summary
+if not __package__:
+    # Run as a file (python benchmarks/bench_x.py, from any folder), Python puts benchmarks/
+    # first on the path: the repo's root takes its place, as under `python -m`, for the
+    # benchmarks.* and tests.* imports (neither is an installed package).
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-sys.path.insert(0, str(REPO))
+from benchmarks.bench_k8s import private_cluster
+from benchmarks.harness import emit, summary
 
 NODE = """apiVersion: v1
 kind: Node

@@ -12,9 +12,17 @@ import argparse
 import json
 import os
 import subprocess
+import sys
 import time
+from pathlib import Path
 
-from harness import emit, sandbox, ssh_base, sshd, summary
+if not __package__:
+    # Run as a file (python benchmarks/bench_x.py, from any folder), Python puts benchmarks/
+    # first on the path: the repo's root takes its place, as under `python -m`, for the
+    # benchmarks.* and tests.* imports (neither is an installed package).
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+from benchmarks.harness import emit, sandbox, ssh_base, sshd, summary
 
 REMOTE = "stty raw -echo; echo READY; exec cat"
 

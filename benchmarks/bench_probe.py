@@ -29,15 +29,11 @@ import os
 import shutil
 import socket
 import statistics
-import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch
 

@@ -27,8 +27,29 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from harness import REPO, Sandbox, devbox_command, emit, free_port, sandbox, ssh_base, summary
-from k8s_common import claim_to_shell, cluster_bin, configure_kube_user, downloads, kubectl_forward
+if not __package__:
+    # Run as a file (python benchmarks/bench_x.py, from any folder), Python puts benchmarks/
+    # first on the path: the repo's root takes its place, as under `python -m`, for the
+    # benchmarks.* and tests.* imports (neither is an installed package).
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+from benchmarks.harness import (
+    REPO,
+    Sandbox,
+    devbox_command,
+    emit,
+    free_port,
+    sandbox,
+    ssh_base,
+    summary,
+)
+from benchmarks.k8s_common import (
+    claim_to_shell,
+    cluster_bin,
+    configure_kube_user,
+    downloads,
+    kubectl_forward,
+)
 
 PROFILE = """
 [profiles.real]

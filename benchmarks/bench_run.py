@@ -16,10 +16,17 @@ import argparse
 import os
 import shlex
 import subprocess
+import sys
 import time
 from pathlib import Path
 
-from harness import devbox_command, emit, sandbox, ssh_base, summary, wall
+if not __package__:
+    # Run as a file (python benchmarks/bench_x.py, from any folder), Python puts benchmarks/
+    # first on the path: the repo's root takes its place, as under `python -m`, for the
+    # benchmarks.* and tests.* imports (neither is an installed package).
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+from benchmarks.harness import devbox_command, emit, sandbox, ssh_base, summary, wall
 
 
 def first_line(argv: list[str], env: dict[str, str]) -> float:
@@ -79,7 +86,9 @@ def main() -> None:
         plain = ["rsync", "-rlpt", "--filter=:- .gitignore", "--exclude=.git", "-e", rsh,
                  f"{tree}/", f"{openssh[-1]}:tree/"]  # fmt: skip
         wall(plain, sb.env)
-        devbox_resync, rsync_resync, sftp_resync = [], [], []
+        devbox_resync: list[float] = []
+        rsync_resync: list[float] = []
+        sftp_resync: list[float] = []
         for i in range(args.runs):
             for times, argv, env in (
                 (devbox_resync, [*devbox, "sync", "bench", str(tree)], sb.env),

@@ -10,8 +10,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
-from harness import devbox_command, emit, sandbox, ssh_base, sshd, summary, wall
+if not __package__:
+    # Run as a file (python benchmarks/bench_x.py, from any folder), Python puts benchmarks/
+    # first on the path: the repo's root takes its place, as under `python -m`, for the
+    # benchmarks.* and tests.* imports (neither is an installed package).
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+from benchmarks.harness import devbox_command, emit, sandbox, ssh_base, sshd, summary, wall
 
 
 def main() -> None:

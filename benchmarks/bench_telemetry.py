@@ -27,12 +27,20 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from harness import REPO, emit, sandbox, summary
+if TYPE_CHECKING:
+    import psutil  # imported where used: each peer process pays for its own imports
 
-sys.path.insert(0, str(REPO))
+if not __package__:
+    # Run as a file (python benchmarks/bench_x.py, from any folder), Python puts benchmarks/
+    # first on the path: the repo's root takes its place, as under `python -m`, for the
+    # benchmarks.* and tests.* imports (neither is an installed package).
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+from benchmarks.harness import emit, sandbox, summary
 from tests import nvml_sim  # the simulator lives with the tests
 
 
@@ -114,7 +122,9 @@ async def _subscribe(
                 break
         cpu = _cpu_seconds(agent_pid) - cpu0
         wall = time.monotonic() - t0
-        await stream.aclose()
+        # Ends the telemetry process now (frames() is a generator; its type says iterator).
+        if isinstance(stream, AsyncGenerator):
+            await stream.aclose()
     finally:
         conn.close()
     return {
@@ -157,13 +167,14 @@ def _peer(
 # --- the peers, each in its own process ----------------------------------------------
 
 
-def _floor_tick(handles: list[object], procs: list[object]) -> bytes:
+def _floor_tick(handles: Sequence[object], procs: Sequence[psutil.Process]) -> bytes:
     import psutil
     import pynvml as n
 
-    def get(fn: object, *args: object) -> object:
+    # NVML's answers are untyped structs (pynvml ships no types), read as a monitor would.
+    def get(fn: Callable[..., Any], *args: object) -> Any:
         try:
-            return fn(*args)  # type: ignore[operator]
+            return fn(*args)
         except n.NVMLError:
             return None
 
@@ -214,19 +225,19 @@ def _floor_tick(handles: list[object], procs: list[object]) -> bytes:
     }
     rows = []
     for p in procs:
-        with contextlib.suppress(psutil.Error), p.oneshot():  # type: ignore[attr-defined]
+        with contextlib.suppress(psutil.Error), p.oneshot():
             rows.append(
                 (
                     p.pid,
                     p.ppid(),
                     p.name(),
                     " ".join(p.cmdline()),
-                    p.username(),  # type: ignore[attr-defined]
+                    p.username(),
                     p.cpu_percent(),
                     p.memory_info().rss,
                     p.num_threads(),
                 )
-            )  # type: ignore[attr-defined]
+            )
     return json.dumps({"gpus": gpus, "host": host, "processes": rows}, default=str).encode()
 
 
@@ -242,7 +253,7 @@ def _run_peer(kind: str, rate: float, seconds: float, pids: list[int]) -> None:
         def tick() -> None:
             _floor_tick(handles, procs)
     elif kind == "nvitop":
-        from nvitop import Device  # type: ignore[import-not-found]
+        from nvitop import Device
 
         devices = Device.all()
 
@@ -252,7 +263,7 @@ def _run_peer(kind: str, rate: float, seconds: float, pids: list[int]) -> None:
                 for p in d.processes().values():
                     p.as_snapshot()
     elif kind == "gpustat":
-        import gpustat  # type: ignore[import-not-found]
+        import gpustat
 
         def tick() -> None:
             gpustat.new_query().jsonify()

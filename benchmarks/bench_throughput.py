@@ -13,11 +13,19 @@ import json
 import os
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
-from harness import emit, free_port, sandbox, ssh_base, sshd
+if not __package__:
+    # Run as a file (python benchmarks/bench_x.py, from any folder), Python puts benchmarks/
+    # first on the path: the repo's root takes its place, as under `python -m`, for the
+    # benchmarks.* and tests.* imports (neither is an installed package).
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
+
+from benchmarks.harness import emit, free_port, sandbox, ssh_base, sshd
 
 _CHUNK = 1 << 20
 

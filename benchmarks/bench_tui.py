@@ -38,9 +38,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness import REPO, emit, summary
+if not __package__:
+    # Run as a file (python benchmarks/bench_x.py, from any folder), Python puts benchmarks/
+    # first on the path: the repo's root takes its place, as under `python -m`, for the
+    # benchmarks.* and tests.* imports (neither is an installed package).
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-sys.path.insert(0, str(REPO))
+from benchmarks.harness import REPO, emit, summary
 
 REDRAW_HZ = 10.0  # the app's default redraw clock; the floor refreshes at the same rate
 SIZE = (160, 60)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import io
 import os
 import pty
 import select
@@ -16,7 +17,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from harness import REPO, Sandbox
+from benchmarks.harness import REPO, Sandbox
 
 
 def cluster_bin() -> Path:
@@ -42,10 +43,12 @@ def transfer_rate(argv: list[str], env: dict[str, str]) -> float:
     which differs between the paths for reasons other than throughput (each `ssh
     NAME.devbox` starts its ProxyCommand; kubectl port-forward was started once, before)."""
     proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
-    assert proc.stdout is not None
-    first = proc.stdout.read1(1 << 20)
+    # A buffered reader (bufsize's default), typed as a plain IO: read1 returns what came.
+    out = proc.stdout
+    assert isinstance(out, io.BufferedReader)
+    first = out.read1(1 << 20)
     start, got = time.perf_counter(), 0
-    while chunk := proc.stdout.read1(1 << 20):
+    while chunk := out.read1(1 << 20):
         got += len(chunk)
     elapsed = time.perf_counter() - start
     assert proc.wait() == 0 and first, f"download failed: {argv}"

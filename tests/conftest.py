@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -91,9 +92,10 @@ class User:
             )
         return result
 
-    def up(self, name: str, *extra: str) -> dict[str, object]:
+    def up(self, name: str, *extra: str) -> dict[str, Any]:
+        """The box's JSON record, as `devbox up --json` prints it."""
         result = self.devbox("up", name, "--no-attach", "--json", *extra, check=True)
-        box: dict[str, object] = json.loads(result.stdout)
+        box: dict[str, Any] = json.loads(result.stdout)
         return box
 
     def ssh(

@@ -35,7 +35,7 @@ def runs_by_id(user: User, box: str) -> dict[str, dict[str, Any]]:
     return {r["id"]: r for r in json.loads(listed.stdout)}
 
 
-def listed_boxes(user: User) -> dict[str, dict[str, object]]:
+def listed_boxes(user: User) -> dict[str, dict[str, Any]]:
     return {b["name"]: b for b in json.loads(user.devbox("ls", "--json", check=True).stdout)}
 
 

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 from tests import nvml_sim
 from tests.conftest import PROMPT, User, ls_table
@@ -25,7 +26,7 @@ unhealthy_release_after = 60
 """
 
 
-def _ls(user: User) -> dict[str, dict[str, object]]:
+def _ls(user: User) -> dict[str, dict[str, Any]]:
     return {b["name"]: b for b in json.loads(user.devbox("ls", "--json", check=True).stdout)}
 
 

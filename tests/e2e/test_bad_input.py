@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
 from collections.abc import Iterator
 
 import pytest
@@ -11,7 +12,7 @@ import pytest
 from tests.conftest import User
 
 
-def _one_line_error(result, code: int) -> str:  # type: ignore[no-untyped-def]
+def _one_line_error(result: subprocess.CompletedProcess[bytes], code: int) -> str:
     err = result.stderr.decode()
     assert result.returncode == code, err
     assert err.startswith("devbox: error: ") and err.count("\n") == 1, err

@@ -152,4 +152,4 @@ def test_a_keep_during_a_claim_is_kept(user: User) -> None:
     assert backend.keep("held", until=time.time() + 7200).keep_until > 0
     _, err = up.communicate(timeout=60)
     assert up.returncode == 0, err
-    assert float(listed_boxes(user)["held"]["keep_until"]) > time.time() + 3600  # type: ignore[arg-type]
+    assert float(listed_boxes(user)["held"]["keep_until"]) > time.time() + 3600

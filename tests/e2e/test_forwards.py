@@ -44,7 +44,7 @@ def _echo(conn: socket.socket) -> None:
 @contextlib.contextmanager
 def _server(
     family: socket.AddressFamily,
-    address: object,
+    address: str | tuple[str, int],
     handle: Callable[[socket.socket], None] = _echo,
 ) -> Iterator[Any]:
     """A server in the box (this machine), one thread per connection; its address."""
@@ -90,7 +90,7 @@ def _ssh(user: User, *args: str) -> Iterator[subprocess.Popen[bytes]]:
         proc.wait(timeout=10)
 
 
-def _connect(family: socket.AddressFamily, address: object) -> socket.socket:
+def _connect(family: socket.AddressFamily, address: str | tuple[str, int]) -> socket.socket:
     def attempt() -> socket.socket | None:
         s = socket.socket(family, socket.SOCK_STREAM)
         try:
@@ -140,7 +140,11 @@ def _rewritten_twice(user: User, box: str) -> None:
 
     for _ in range(2):
         before = written()
-        wait_until(lambda b=before: written() != b, timeout=20, what="a rewrite")
+
+        def rewritten(before: int = before) -> bool:
+            return written() != before
+
+        wait_until(rewritten, timeout=20, what="a rewrite")
 
 
 def test_local_forward_counts_past_the_floor_and_not_a_trickle(user: User) -> None:

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -31,6 +31,8 @@ pytestmark = pytest.mark.skipif(shutil.which("ssh") is None, reason="OpenSSH cli
 # What the issue reproduced: ~1,100 unauthenticated connections exhausted a limit of 1,024.
 FLOOD = 2000
 FD_LIMIT = 1024
+
+RecordProperty = Callable[[str, object], None]  # pytest's record_property fixture
 
 
 def _agent_pid(user: User, name: str) -> int:
@@ -97,7 +99,7 @@ def soft_fd_limit() -> Iterator[None]:
 
 
 def test_the_owner_gets_in_past_a_held_flood(
-    user: User, soft_fd_limit: None, record_property: pytest.RecordProperty
+    user: User, soft_fd_limit: None, record_property: RecordProperty
 ) -> None:
     user.up("held")
     pid = _agent_pid(user, "held")
@@ -136,7 +138,7 @@ def test_the_owner_gets_in_past_a_held_flood(
 
 
 def test_the_owner_gets_in_while_another_user_floods(
-    user: User, record_property: pytest.RecordProperty
+    user: User, record_property: RecordProperty
 ) -> None:
     """A flood that goes on, from another local user: the kernel says whose connections
     they are, and the agent evicts only theirs."""

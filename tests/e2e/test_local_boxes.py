@@ -11,11 +11,12 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from tests.conftest import User, new_gpu_namespace
 
 
-def _ls(user: User) -> dict[str, dict[str, object]]:
+def _ls(user: User) -> dict[str, dict[str, Any]]:
     out = user.devbox("ls", "--json", check=True).stdout
     return {b["name"]: b for b in json.loads(out)}
 
@@ -102,20 +103,20 @@ def test_gpus_are_exclusive_and_visible_in_sessions(user: User) -> None:
     a = user.up("ga", "--gpus", "2")
     assert len(a["gpu_ids"]) == 2
     seen = user.devbox("ssh", "ga", "--", "echo $CUDA_VISIBLE_DEVICES", check=True).stdout
-    assert seen.decode().strip() == ",".join(a["gpu_ids"])  # type: ignore[arg-type]
+    assert seen.decode().strip() == ",".join(a["gpu_ids"])
 
     too_many = user.devbox("up", "gb", "--gpus", "2", "--no-attach")
     assert too_many.returncode == 1
     # The refusal names who holds each taken GPU, as the kernel tells it (SO_PEERCRED).
     pid = (user.box_dir("ga") / "agent.lock").read_text()
     who = f"held by uid {os.getuid()} ({pwd.getpwuid(os.getuid()).pw_name}), pid {pid}"
-    gpu0, gpu1 = a["gpu_ids"]  # type: ignore[misc]
+    gpu0, gpu1 = a["gpu_ids"]
     assert too_many.stderr.decode() == (
         "devbox: error: asked for 2 GPU(s) but only 1 of 3 are free: "
         f"GPU 0 ({gpu0}) is {who}; GPU 1 ({gpu1}) is {who}\n"
     )
     b = user.up("gb", "--gpus", "1")
-    assert set(b["gpu_ids"]).isdisjoint(a["gpu_ids"])  # type: ignore[arg-type]
+    assert set(b["gpu_ids"]).isdisjoint(a["gpu_ids"])
 
     # A box without GPUs sees none, not the machine's.
     user.up("nogpu")
@@ -123,7 +124,7 @@ def test_gpus_are_exclusive_and_visible_in_sessions(user: User) -> None:
 
     # Releasing frees the GPUs for the next claim.
     user.devbox("down", "ga", check=True)
-    assert len(user.up("gc", "--gpus", "2")["gpu_ids"]) == 2  # type: ignore[arg-type]
+    assert len(user.up("gc", "--gpus", "2")["gpu_ids"]) == 2
 
 
 def test_more_gpus_than_the_machine_has(user: User) -> None:
@@ -157,7 +158,7 @@ def test_dead_agent_is_failed_and_frees_its_gpus(user: User) -> None:
         time.sleep(0.05)
     assert "agent is not running" in user.devbox("ls").stderr.decode()
     # Its GPU went back to the pool the moment it died.
-    assert len(user.up("next", "--gpus", "1")["gpu_ids"]) == 1  # type: ignore[arg-type]
+    assert len(user.up("next", "--gpus", "1")["gpu_ids"]) == 1
     ssh = user.devbox("ssh", "doomed", "--", "true")
     assert ssh.returncode == 2 and b"is failed" in ssh.stderr
     assert user.devbox("down", "doomed").returncode == 0
@@ -239,7 +240,7 @@ def test_keep_holds_a_box_and_off_ends_it(user: User) -> None:
     user.up("kept")
     before = time.time()
     user.devbox("keep", "kept", "--for", "2h", check=True)
-    until = float(_ls(user)["kept"]["keep_until"])  # type: ignore[arg-type]
+    until = float(_ls(user)["kept"]["keep_until"])
     assert before + 7200 <= until <= time.time() + 7200
     row = user.devbox("ls", check=True).stdout.decode().splitlines()[1].split()
     assert row[0] == "kept" and row[-2:] == ["1h", "-"]  # 1 h 59 min left; no model alerts
@@ -266,7 +267,7 @@ def test_a_profile_gives_its_gpus_locally_and_gpus_overrides_it(user: User) -> N
     cfg.parent.mkdir(parents=True, exist_ok=True)
     cfg.write_text('[profiles.pair]\ngpus = 2\ncpu = "8"\nmemory = "64Gi"\n')
     box = user.up("pp", "--profile", "pair")
-    assert len(box["gpu_ids"]) == 2  # type: ignore[arg-type]
-    assert box["spec"]["profile"] == "pair" and box["spec"]["gpus"] == 2  # type: ignore[index]
+    assert len(box["gpu_ids"]) == 2
+    assert box["spec"]["profile"] == "pair" and box["spec"]["gpus"] == 2
     one = user.up("po", "--profile", "pair", "--gpus", "1")
-    assert len(one["gpu_ids"]) == 1  # type: ignore[arg-type]
+    assert len(one["gpu_ids"]) == 1

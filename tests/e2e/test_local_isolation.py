@@ -25,6 +25,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -70,9 +71,9 @@ class OsUser:
             raise AssertionError(f"{self.name}: devbox {' '.join(args)}: {result.stderr}")
         return result
 
-    def up(self, box: str, *extra: str) -> dict[str, object]:
+    def up(self, box: str, *extra: str) -> dict[str, Any]:
         done = self.devbox("up", box, "--no-attach", "--json", *extra, check=True)
-        record: dict[str, object] = json.loads(done.stdout)
+        record: dict[str, Any] = json.loads(done.stdout)
         return record
 
     def python(self, code: str) -> subprocess.Popen[str]:
@@ -324,7 +325,7 @@ def test_files_left_lying_around_deny_nothing(machine: Machine) -> None:
         fcntl.flock(probe, fcntl.LOCK_EX | fcntl.LOCK_NB)
     os.close(probe)
 
-    assert sorted(alice.up("all", "--gpus", "2")["gpu_ids"]) == uuids  # type: ignore[type-var]
+    assert sorted(alice.up("all", "--gpus", "2")["gpu_ids"]) == uuids
     os.kill(holder_pid, signal.SIGKILL)
     holder.wait()
 

@@ -274,7 +274,7 @@ def test_bad_input_gets_one_line(user: User, tmp_path: Path) -> None:
 def test_a_run_records_and_sees_the_boxs_gpus(user: User) -> None:
     user.gpus(3)
     box = user.up("gpu", "--gpus", "2")
-    uuids = ",".join(box["gpu_ids"])  # type: ignore[arg-type]
+    uuids = ",".join(box["gpu_ids"])
     seen = user.devbox("run", "--box", "gpu", "--no-sync", "--", "echo $CUDA_VISIBLE_DEVICES")
     assert seen.returncode == 0 and seen.stdout.strip().decode() == uuids
     (run,) = runs_by_id(user, "gpu").values()

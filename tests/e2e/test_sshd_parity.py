@@ -5,6 +5,7 @@ the latest attached client). The real OpenSSH client, ssh-agent, git, rsync, scr
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -124,7 +125,7 @@ def agents(short_tmp: Path) -> Iterator[dict[str, Path]]:
                     stderr=subprocess.DEVNULL,
                 )
             )
-            wait_until(lambda s=sock: _listening(s), what=f"{name}'s ssh-agent")
+            wait_until(functools.partial(_listening, sock), what=f"{name}'s ssh-agent")
             env = {**os.environ, "SSH_AUTH_SOCK": str(sock)}
             subprocess.run(["ssh-add", "-q", str(key)], env=env, check=True, capture_output=True)
             socks[name] = sock

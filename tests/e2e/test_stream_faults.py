@@ -111,7 +111,7 @@ def _stats(step: int, *, watched: bool, pad: int) -> bytes:
 
 async def test_a_stalled_probe_subscriber_leaves_the_agent_bounded(as_user: User) -> None:
     info = as_user.up("stall")
-    agent = psutil.Process(int(info["extra"]["pid"]))  # type: ignore[index]
+    agent = psutil.Process(int(info["extra"]["pid"]))
     pointer = as_user.box_dir("stall") / "home" / protocol.PROBE_POINTER_FILE
     wait_until(pointer.exists, what="the probe socket's pointer")
     _, writer = await asyncio.open_unix_connection(pointer.read_text().strip())

@@ -9,7 +9,8 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 
@@ -44,7 +45,7 @@ def _gpus(
     nvml_sim.write(user.gpu_file, gpus, processes)
 
 
-def _stats(user: User, name: str, *args: str) -> list[dict[str, object]]:
+def _stats(user: User, name: str, *args: str) -> list[dict[str, Any]]:
     out = user.devbox("stats", name, "--json", *args, check=True, timeout=60).stdout
     return [json.loads(line) for line in out.splitlines()]
 
@@ -66,14 +67,14 @@ def test_a_snapshot_shows_the_boxs_gpus_host_and_processes(user: User) -> None:
     deadline = time.monotonic() + 15
     while True:
         (sample,) = _stats(user, "tele")
-        procs = {p["pid"]: p for p in sample["processes"]}  # type: ignore[union-attr]
-        if pid in procs and sample["gpus"][0]["processes"]:  # type: ignore[index]
+        procs = {p["pid"]: p for p in sample["processes"]}
+        if pid in procs and sample["gpus"][0]["processes"]:
             break
         assert time.monotonic() < deadline, f"sleep {pid} never showed: {sample}"
         time.sleep(0.3)
-    (gpu,) = sample["gpus"]  # type: ignore[misc]
+    (gpu,) = sample["gpus"]
     # Only the GPU this box claimed, with what the simulated driver reports.
-    assert gpu["uuid"] == box["gpu_ids"][0]  # type: ignore[index]
+    assert gpu["uuid"] == box["gpu_ids"][0]
     assert (gpu["util"], gpu["mem_util"], gpu["temp_c"], gpu["sm_clock_mhz"]) == (40, 20, 60, 1980)
     assert (gpu["mem_used"], gpu["mem_total"]) == (10 * GIB, 80 * GIB)
     assert (gpu["power_w"], gpu["power_limit_w"]) == (300.0, 700.0)
@@ -81,8 +82,8 @@ def test_a_snapshot_shows_the_boxs_gpus_host_and_processes(user: User) -> None:
     assert held["pid"] == held["box_pid"] == pid and held["mem_used"] == 3 * GIB
     assert procs[pid]["cmdline"] == "sleep 300" and procs[pid]["rss"] > 0
     host = sample["host"]
-    assert len(host["cpu"]) == os.cpu_count()  # type: ignore[index]
-    assert 0 < host["mem_used"] < host["mem_total"]  # type: ignore[index, operator]
+    assert len(host["cpu"]) == os.cpu_count()
+    assert 0 < host["mem_used"] < host["mem_total"]
     # Only the box's processes: not this test runner.
     assert os.getpid() not in procs
 
@@ -95,7 +96,7 @@ def test_a_metric_the_gpu_does_not_report_is_missing_not_an_error(user: User) ->
     _gpus(user, unsupported=frozenset({"power", "temp"}))
     user.up("partial", "--gpus", "2")
     (sample,) = _stats(user, "partial")
-    for gpu in sample["gpus"]:  # type: ignore[attr-defined]
+    for gpu in sample["gpus"]:
         assert gpu["power_w"] is None and gpu["temp_c"] is None
         assert gpu["util"] is not None and gpu["mem_used"] is not None
     text = user.devbox("stats", "partial", check=True).stdout.decode()
@@ -107,13 +108,17 @@ def test_gpu_counts(user: User, count: int) -> None:
     nvml_sim.write(user.gpu_file, [nvml_sim.SimGpu(util=i) for i in range(count)])
     user.up("many", "--gpus", str(count))
     (sample,) = _stats(user, "many")
-    assert [g["util"] for g in sample["gpus"]] == list(range(count))  # type: ignore[attr-defined]
+    assert [g["util"] for g in sample["gpus"]] == list(range(count))
     if count == 0:
         assert "no GPUs in this box" in user.devbox("stats", "many", check=True).stdout.decode()
 
 
+# Starts `devbox stats ARGS...` (killed at the test's end).
+Watcher = Callable[..., subprocess.Popen[bytes]]
+
+
 @pytest.fixture
-def watcher(user: User) -> Iterator[subprocess.Popen[bytes]]:
+def watcher(user: User) -> Iterator[Watcher]:
     procs: list[subprocess.Popen[bytes]] = []
 
     def start(*args: str) -> subprocess.Popen[bytes]:
@@ -127,41 +132,41 @@ def watcher(user: User) -> Iterator[subprocess.Popen[bytes]]:
         procs.append(p)
         return p
 
-    yield start  # type: ignore[misc]
+    yield start
     for p in procs:
         p.kill()
         p.wait()
 
 
-def _next(p: subprocess.Popen[bytes]) -> dict[str, object]:
+def _next(p: subprocess.Popen[bytes]) -> dict[str, Any]:
     assert p.stdout is not None
     line = p.stdout.readline()
     assert line, p.stderr.read().decode() if p.stderr else "stream ended"
-    sample: dict[str, object] = json.loads(line)
+    sample: dict[str, Any] = json.loads(line)
     return sample
 
 
-def test_a_stream_at_10hz_survives_a_gpu_lost_mid_stream(user: User, watcher: object) -> None:
+def test_a_stream_at_10hz_survives_a_gpu_lost_mid_stream(user: User, watcher: Watcher) -> None:
     _gpus(user)
     user.up("stream", "--gpus", "2")
-    p = watcher("stream", "--json", "--watch", "--rate", "10")  # type: ignore[operator]
+    p = watcher("stream", "--json", "--watch", "--rate", "10")
     first = [_next(p) for _ in range(10)]
     seqs = [s["seq"] for s in first]
-    assert seqs == sorted(set(seqs))  # type: ignore[type-var]
-    span = float(first[-1]["t"]) - float(first[0]["t"])  # type: ignore[arg-type]
+    assert seqs == sorted(set(seqs))
+    span = float(first[-1]["t"]) - float(first[0]["t"])
     assert span < 5.0  # 10 samples came at far more than the unwatched 1 Hz
     _gpus(user, lost=1)
     deadline = time.monotonic() + 10
     while True:
         sample = _next(p)
         gpus = sample["gpus"]
-        if gpus[1]["lost"]:  # type: ignore[index]
+        if gpus[1]["lost"]:
             break
         assert time.monotonic() < deadline, "the lost GPU never showed as lost"
-    assert gpus[1]["util"] is None and gpus[1]["mem_used"] is None  # type: ignore[index]
-    assert gpus[0]["lost"] is False and gpus[0]["util"] == 40  # type: ignore[index]
+    assert gpus[1]["util"] is None and gpus[1]["mem_used"] is None
+    assert gpus[0]["lost"] is False and gpus[0]["util"] == 40
     # And the stream goes on.
-    assert int(_next(p)["seq"]) > int(sample["seq"])  # type: ignore[call-overload]
+    assert int(_next(p)["seq"]) > int(sample["seq"])
     assert p.poll() is None
 
 
@@ -172,8 +177,8 @@ def test_count_and_history(user: User) -> None:
     lines = _stats(user, "hist", "--history", "--count", "2", "--rate", "5")
     old = [s for s in lines if not s["processes"]]
     assert len(old) >= 2 and len(lines) == len(old) + 2
-    assert [s["seq"] for s in lines] == sorted(s["seq"] for s in lines)  # type: ignore[type-var]
-    assert all(g["processes"] == [] for s in old for g in s["gpus"])  # type: ignore[attr-defined]
+    assert [s["seq"] for s in lines] == sorted(s["seq"] for s in lines)
+    assert all(g["processes"] == [] for s in old for g in s["gpus"])
 
 
 def _subsystem(
@@ -183,12 +188,12 @@ def _subsystem(
 
 
 def test_a_malformed_request_gets_an_error_frame_and_others_keep_streaming(
-    user: User, watcher: object
+    user: User, watcher: Watcher
 ) -> None:
     user.gpus(1)
     user.up("robust", "--gpus", "1")
-    p = watcher("robust", "--json", "--watch", "--rate", "5")  # type: ignore[operator]
-    before = int(_next(p)["seq"])  # type: ignore[call-overload]
+    p = watcher("robust", "--json", "--watch", "--rate", "5")
+    before = int(_next(p)["seq"])
     bad = _subsystem(user, "robust", b'{"v":1,"type":"subscribe","rate":"often"}\n')
     assert bad.returncode == 1
     (frame,) = [json.loads(line) for line in bad.stdout.splitlines()]
@@ -198,7 +203,7 @@ def test_a_malformed_request_gets_an_error_frame_and_others_keep_streaming(
     nothing = _subsystem(user, "robust", b"bogus", subsystem="no-such-thing")
     assert nothing.returncode == 1 and b"no subsystem 'no-such-thing'" in nothing.stderr
     # The agent served the good subscriber throughout.
-    assert int(_next(p)["seq"]) > before  # type: ignore[call-overload]
+    assert int(_next(p)["seq"]) > before
     assert p.poll() is None
 
 
@@ -212,7 +217,7 @@ def test_a_good_request_over_plain_openssh(user: User) -> None:
     assert frames[0]["type"] == "hello" and frames[0]["box"] == "plain"
 
 
-def test_watching_is_not_activity(user: User, watcher: object) -> None:
+def test_watching_is_not_activity(user: User, watcher: Watcher) -> None:
     user.up("quiet")
     activity = user.box_dir("quiet") / "activity.json"
     user.devbox("ssh", "quiet", "--", "true", check=True)
@@ -221,7 +226,7 @@ def test_watching_is_not_activity(user: User, watcher: object) -> None:
         assert time.monotonic() < deadline
         time.sleep(0.1)
     last_input = json.loads(activity.read_text())["last_input"]
-    p = watcher("quiet", "--json", "--watch", "--rate", "10")  # type: ignore[operator]
+    p = watcher("quiet", "--json", "--watch", "--rate", "10")
     for _ in range(5):
         _next(p)
     state = json.loads(activity.read_text())
@@ -247,7 +252,7 @@ def test_bad_stats_input(user: User) -> None:
 def test_samples_carry_the_boxs_sessions(user: User) -> None:
     user.up("sessions")
     (idle,) = _stats(user, "sessions")
-    assert idle["activity"]["clients"] == 0  # type: ignore[index]
+    assert idle["activity"]["clients"] == 0
     busy = subprocess.Popen(
         [sys.executable, "-m", "devbox", "ssh", "sessions", "--", "sleep", "5"],
         env=user.env,
@@ -256,7 +261,7 @@ def test_samples_carry_the_boxs_sessions(user: User) -> None:
     )
     try:
         deadline = time.monotonic() + 15
-        while _stats(user, "sessions")[0]["activity"]["clients"] != 1:  # type: ignore[index]
+        while _stats(user, "sessions")[0]["activity"]["clients"] != 1:
             assert time.monotonic() < deadline, "the ssh session never showed"
             time.sleep(0.2)
     finally:

@@ -22,7 +22,7 @@ def test_a_short_lived_box_leaves_no_lease(kube: KubeUser) -> None:
     uid = json.loads(
         kube.cluster.kubectl_run("get", "pod", pod, "-n", kube.namespace, "-o", "json").stdout
     )["metadata"]["uid"]
-    owners = lease["metadata"].get("ownerReferences") or []  # type: ignore[index]
+    owners = lease["metadata"].get("ownerReferences") or []
     assert [(o["kind"], o["name"], o["uid"]) for o in owners] == [("Pod", pod, uid)]
     kube.devbox("down", "brief", check=True)
     # The garbage collector deletes what the pod owned.

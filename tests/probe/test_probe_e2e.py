@@ -172,7 +172,7 @@ def test_killing_the_agent_leaves_training_running(user: User, trainers: Any) ->
     trainer = trainers("doomed", "--every", "1")
     report = _first_report(user, "doomed")  # the link is up and reporting
     assert report["pid"] == trainer.pid
-    agent = int(box["extra"]["pid"])  # type: ignore[index]
+    agent = int(box["extra"]["pid"])
     os.kill(agent, signal.SIGKILL)
     done = len(trainer.steps())
     _until(lambda: len(trainer.steps()) > done + 20, what="training after the agent died")

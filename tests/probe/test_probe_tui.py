@@ -54,10 +54,11 @@ async def test_the_model_screen_shows_a_real_training_run(as_user: User) -> None
             for stats in report["layers"]:
                 for key in ("act_mean", "act_std", "grad_norm", "weight_norm", "update_ratio"):
                     expected = want[stats["name"]].get(key)
-                    got = stats[key]  # type: ignore[literal-required]
+                    got = stats[key]
                     if expected is None:
                         assert got is None
                     else:
+                        assert got is not None, key
                         assert math.isclose(got, expected, rel_tol=1e-4, abs_tol=1e-6), key
             table = app.screen.query_one("#layers", DataTable)
             await until(lambda: table.row_count == 5)

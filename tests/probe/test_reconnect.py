@@ -139,7 +139,7 @@ def test_alerts_of_a_finished_run_give_way_to_the_next(user: User, trainers: Any
     nan = {"kind": "nan", "layer": "fc", "step": 3, "message": "NaN"}
     model.add(protocol.Frame(protocol.PROBE_STATS, {"pid": 1, "watched": False, "alerts": [nan]}))
     model.add(protocol.Frame(protocol.PROBE_STATS, {"pid": 2, "watched": False, "alerts": []}))
-    assert [a["pid"] for a in model.alerts] == [1]  # type: ignore[typeddict-item]
+    assert [a["pid"] for a in model.alerts] == [1]
     model.add(protocol.Frame(protocol.PROBE_GONE, {"pid": 1}))
     model.add(protocol.Frame(protocol.PROBE_STATS, {"pid": 2, "watched": False, "alerts": []}))
     assert model.alerts == []

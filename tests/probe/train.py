@@ -65,11 +65,12 @@ while args.steps == 0 or step < args.steps:
     optimizer.step()
     for name, module in model.named_children():
         params = list(module.parameters())
-        if params:
+        weight = layers[name]["weight_norm"]  # None exactly when there are no params
+        if params and weight is not None:
             moved = math.sqrt(
                 sum(float((q - b).norm()) ** 2 for q, b in zip(params, before[name], strict=True))
             )
-            layers[name]["update_ratio"] = moved / layers[name]["weight_norm"]
+            layers[name]["update_ratio"] = moved / weight
     ref.write(json.dumps({"step": step, "loss": float(loss), "layers": layers}) + "\n")
     step += 1
     time.sleep(args.sleep)

@@ -15,6 +15,7 @@ from tests.tui.test_app import until
 from tests.tui.test_real_boxes import as_user  # noqa: F401  (a fixture)
 from tui.app import make_app
 from tui.screens.boxes import BoxesScreen
+from tui.widgets.boxtable import BoxTable
 
 
 async def test_a_dead_agent_is_one_boxs_state_not_the_apps_end(as_user: User) -> None:  # noqa: F811
@@ -27,7 +28,7 @@ async def test_a_dead_agent_is_one_boxs_state_not_the_apps_end(as_user: User) ->
         views = app.store.views
         await until(lambda: {"doomed", "steady"} <= views.keys(), timeout=30)
         await until(lambda: all(views[n].sample for n in ("doomed", "steady")), timeout=30)
-        os.kill(int(doomed["extra"]["pid"]), signal.SIGKILL)  # type: ignore[index]
+        os.kill(int(doomed["extra"]["pid"]), signal.SIGKILL)
         await until(lambda: views["doomed"].link.startswith("lost"), timeout=30)
         assert app.is_running and isinstance(app.screen, BoxesScreen)
         steady = views["steady"]
@@ -35,7 +36,9 @@ async def test_a_dead_agent_is_one_boxs_state_not_the_apps_end(as_user: User) ->
         seq = steady.sample["seq"]
         await until(lambda: steady.sample is not None and steady.sample["seq"] > seq + 5)
         await until(lambda: views["doomed"].box.state is BoxState.FAILED, timeout=30)
-        await until(lambda: "failed" in app.screen.query_one("#boxes").cell("doomed", "STATE"))
+        await until(
+            lambda: "failed" in app.screen.query_one("#boxes", BoxTable).cell("doomed", "STATE")
+        )
         assert app.is_running and "doomed" not in app.streams
         seq = steady.sample["seq"]
         await until(lambda: steady.sample is not None and steady.sample["seq"] > seq + 5)

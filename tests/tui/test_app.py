@@ -5,9 +5,13 @@ user does (filter, open, claim, release, enter) and what the app does by itself
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
 
 from textual.widgets import DataTable, Input, Sparkline, Static
 
+from devbox import protocol
+from devbox.boxes import Box
 from tests.tui.synthetic import T0, SyntheticFeed
 from tui.app import DevboxApp, make_app
 from tui.screens.box import BoxScreen, GpuPanel
@@ -18,7 +22,7 @@ from tui.widgets.boxtable import BoxTable
 SIZE = (140, 40)
 
 
-def app_for(feed: SyntheticFeed, **options: object) -> DevboxApp:
+def app_for(feed: SyntheticFeed, **options: Any) -> DevboxApp:
     return make_app(feed=feed, clock=lambda: T0, list_interval=0.2, **options)
 
 
@@ -125,9 +129,7 @@ async def test_a_burst_of_samples_is_drawn_once() -> None:
         assert view.sample["seq"] == 99
 
 
-def _sample_frame(base: dict[str, object], seq: int) -> object:
-    from devbox import protocol
-
+def _sample_frame(base: protocol.Sample, seq: int) -> protocol.Frame:
     return protocol.Frame(protocol.SAMPLE, {**base, "seq": seq})
 
 
@@ -226,7 +228,7 @@ async def test_a_reconnect_uses_the_boxs_newest_record() -> None:
     class Moving(SyntheticFeed):
         """Reachable only at the address of its newest record (port 2)."""
 
-        async def stream(self, box, *, rate):  # type: ignore[no-untyped-def, override]
+        async def stream(self, box: Box, *, rate: float) -> AsyncIterator[protocol.Frame]:
             if box.port != 2:
                 raise DevboxError(f"cannot reach box {box.name}")
             async for frame in super().stream(box, rate=rate):

@@ -99,7 +99,8 @@ def test_use_after_the_warning_withdraws_it() -> None:
 
 
 def test_training_without_typing_is_never_released() -> None:
-    b, memory = box(), {}
+    b = box()
+    memory: policy.Memory = {}
     for step in range(0, 20_000, 10):
         now = T0 + step
         fs = [facts(b, act(gpu_util=95.0), now)]

@@ -4,7 +4,9 @@ profile makes."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -261,15 +263,15 @@ def test_the_pod_of_a_profile() -> None:
     assert claimed["metadata"]["labels"][pods.LABEL_SHAPE] == shape
     # Any change of shape changes the label; the profile's name does not.
     changed = [
-        Profile(**{**_fields(prof), "cpu": "1"}).spec(),
+        dataclasses.replace(prof, cpu="1").spec(),
         prof.spec(gpus=1),
-        Profile(**{**_fields(prof), "image": ""}).spec(),
-        Profile(**{**_fields(prof), "tolerations": ()}).spec(),
-        Profile(**{**_fields(prof), "node_selector": ()}).spec(),
+        dataclasses.replace(prof, image="").spec(),
+        dataclasses.replace(prof, tolerations=()).spec(),
+        dataclasses.replace(prof, node_selector=()).spec(),
     ]
     assert all(pods.shape(cfg, s) != shape for s in changed)
     assert pods.shape(config.Config(image="base:1"), spec) != shape  # priority class
-    assert pods.shape(cfg, Profile(**{**_fields(prof), "name": "x"}).spec()) == shape
+    assert pods.shape(cfg, dataclasses.replace(prof, name="x").spec()) == shape
     # The built-in default: as before profiles, the config's image, no selector.
     plain = pods.box_pod(config.Config(image="base:1"), spec=BoxSpec())
     assert plain["spec"]["containers"][0]["resources"] == {
@@ -282,13 +284,9 @@ def test_the_pod_of_a_profile() -> None:
     assert pods.to_box(pod).spec == spec
 
 
-def _fields(p: Profile) -> dict[str, object]:
-    return {k: getattr(p, k) for k in Profile.__dataclass_fields__}
-
-
-def _one_line(result: object, code: int) -> str:
-    err = result.stderr.decode()  # type: ignore[attr-defined]
-    assert result.returncode == code, err  # type: ignore[attr-defined]
+def _one_line(result: subprocess.CompletedProcess[bytes], code: int) -> str:
+    err = result.stderr.decode()
+    assert result.returncode == code, err
     assert err.startswith("devbox: error: ") and err.count("\n") == 1, err
     return err.strip()
 
