@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent.streams import LineReader, RequestError, fail
 from agent.telemetry import REQUEST_TIMEOUT as FIRST_TIMEOUT
-from agent.telemetry import RequestError, _fail, _LineReader
 from devbox import private, protocol
 from devbox.protocol import ProbeAlert
 
@@ -267,17 +267,15 @@ class ProbeHub:
         write: Callable[[bytes], None],
         drain: Callable[[], Awaitable[None]],
     ) -> int:
-        lines = _LineReader(read)
+        lines = LineReader(read)
         try:
             first = protocol.decode(await asyncio.wait_for(lines.next(), FIRST_TIMEOUT))
         except TimeoutError:
-            return _fail(write, f"no {protocol.PROBE_SUBSCRIBE} request in {FIRST_TIMEOUT:g} s")
+            return fail(write, f"no {protocol.PROBE_SUBSCRIBE} request in {FIRST_TIMEOUT:g} s")
         except (RequestError, EOFError, protocol.ProtocolError) as exc:
-            return _fail(write, str(exc) or "no request")
+            return fail(write, str(exc) or "no request")
         if first.type != protocol.PROBE_SUBSCRIBE:
-            return _fail(
-                write, f"expected a {protocol.PROBE_SUBSCRIBE!r} frame, got {first.type!r}"
-            )
+            return fail(write, f"expected a {protocol.PROBE_SUBSCRIBE!r} frame, got {first.type!r}")
         sub = Subscriber()
         write(
             protocol.encode(
@@ -324,9 +322,9 @@ class ProbeHub:
             for hub_id in [k for k, (s, _) in self._waiting.items() if s is sub]:
                 del self._waiting[hub_id]
             requests.cancel()
-        return 0 if error is None else _fail(write, error)
+        return 0 if error is None else fail(write, error)
 
-    async def _follow_requests(self, lines: _LineReader, sub: Subscriber) -> str | None:
+    async def _follow_requests(self, lines: LineReader, sub: Subscriber) -> str | None:
         while True:
             try:
                 line = await lines.next()

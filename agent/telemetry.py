@@ -21,13 +21,12 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
+from agent.streams import LineReader, RequestError, fail
 from devbox import protocol
 from devbox.protocol import BoxProcess, GpuSample, HostSample, Sample
 
 log = logging.getLogger("devbox.agent.telemetry")
 
-# A request line longer than this is malformed: it bounds what one client can make us buffer.
-MAX_REQUEST_BYTES = 64 * 1024
 REQUEST_TIMEOUT = 30.0
 # HISTORY is sent in frames of at most this many samples, each well under MAX_FRAME_BYTES.
 HISTORY_CHUNK = 120
@@ -46,10 +45,6 @@ class Sources(Protocol):
     """What one tick reads; opened in the sampler thread (imports and NVML init are slow)."""
 
     def read(self) -> tuple[list[GpuSample], HostSample, list[BoxProcess]]: ...
-
-
-class RequestError(Exception):
-    """A subscriber's request that cannot be served; it gets one ERROR frame."""
 
 
 class Subscription:
@@ -230,15 +225,15 @@ class Telemetry:
         drain: Callable[[], Awaitable[None]],
     ) -> int:
         """Serve one subscriber over a byte stream; returns the channel's exit status."""
-        lines = _LineReader(read)
+        lines = LineReader(read)
         try:
             rate, history = parse_request(await asyncio.wait_for(lines.next(), REQUEST_TIMEOUT))
         except TimeoutError:
-            return _fail(write, f"no {protocol.SUBSCRIBE} request within {REQUEST_TIMEOUT:g} s")
+            return fail(write, f"no {protocol.SUBSCRIBE} request within {REQUEST_TIMEOUT:g} s")
         except (RequestError, EOFError) as exc:
-            return _fail(write, str(exc) or "no request")
+            return fail(write, str(exc) or "no request")
         if self.failure is not None:
-            return _fail(write, self.failure)
+            return fail(write, self.failure)
         sub = Subscription(rate)
         write(protocol.encode(protocol.HELLO, box=self.box, rate=rate))
         if history:
@@ -264,9 +259,9 @@ class Telemetry:
             self._subs.discard(sub)
             self._rates_changed()
             requests.cancel()
-        return 0 if error is None else _fail(write, error)
+        return 0 if error is None else fail(write, error)
 
-    async def _follow_requests(self, lines: _LineReader, sub: Subscription) -> str | None:
+    async def _follow_requests(self, lines: LineReader, sub: Subscription) -> str | None:
         """Later SUBSCRIBE frames change the rate; EOF ends the stream (None); junk is an error."""
         while True:
             try:
@@ -288,29 +283,3 @@ def _compact(sample: Sample) -> bytes:
     gpus = [{**g, "processes": []} for g in sample["gpus"]]
     entry = {**sample, "gpus": gpus, "processes": []}
     return json.dumps(entry, separators=(",", ":")).encode()
-
-
-def _fail(write: Callable[[bytes], None], message: str) -> int:
-    write(protocol.encode(protocol.ERROR, message=message))
-    return 1
-
-
-class _LineReader:
-    """Newline-delimited frames from a byte stream, each at most MAX_REQUEST_BYTES."""
-
-    def __init__(self, read: Callable[[int], Awaitable[bytes]]) -> None:
-        self._read = read
-        self._buf = b""
-
-    async def next(self) -> bytes:
-        while b"\n" not in self._buf:
-            if len(self._buf) > MAX_REQUEST_BYTES:
-                raise RequestError(f"request longer than {MAX_REQUEST_BYTES} bytes")
-            chunk = await self._read(4096)
-            if not chunk:
-                raise EOFError
-            self._buf += chunk
-        line, _, self._buf = self._buf.partition(b"\n")
-        if len(line) > MAX_REQUEST_BYTES:
-            raise RequestError(f"request longer than {MAX_REQUEST_BYTES} bytes")
-        return line

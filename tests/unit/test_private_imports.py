@@ -165,13 +165,9 @@ def _sources() -> list[Path]:
     )
 
 
-# Known, owned elsewhere, and on their way out: the agent's request reader and its error
-# line move out of agent/telemetry.py into a module of their own (architecture review, 7:
-# agent/streams.py), public there. Remove an entry when its use goes; add none.
-PENDING = {
-    ("agent/probehub.py", "agent.telemetry._LineReader"),
-    ("agent/probehub.py", "agent.telemetry._fail"),
-}
+# Known uses on their way out (none now: the agent's request reader and error line moved
+# to agent/streams.py, public there). Add none.
+PENDING: set[tuple[str, str]] = set()
 
 
 def test_no_module_imports_another_modules_private_name() -> None:

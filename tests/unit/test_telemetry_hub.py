@@ -89,7 +89,7 @@ def subscribe(rate: float = 10.0, history: bool = False) -> bytes:
     ],
 )
 def test_bad_requests_are_named(line: bytes, error: str) -> None:
-    from agent.telemetry import RequestError
+    from agent.streams import RequestError
 
     with pytest.raises(RequestError, match=error):
         parse_request(line.strip())
