@@ -26,6 +26,19 @@ def app_for(feed: SyntheticFeed, **options: Any) -> DevboxApp:
     return make_app(feed=feed, clock=lambda: T0, list_interval=0.2, **options)
 
 
+def notifications(app: DevboxApp) -> list[str]:
+    """What the app will tell the user through notify (toasts), in order, as it says it."""
+    said: list[str] = []
+    real = app.notify
+
+    def spy(message: str, **kwargs: object) -> None:
+        said.append(message)
+        real(message, **kwargs)  # type: ignore[arg-type]
+
+    app.notify = spy  # type: ignore[method-assign]
+    return said
+
+
 async def until(condition: object, timeout: float = 5.0) -> None:
     deadline = asyncio.get_running_loop().time() + timeout
     while not condition():  # type: ignore[operator]

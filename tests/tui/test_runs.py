@@ -12,7 +12,7 @@ from textual.widgets import DataTable, Log
 from tests.conftest import User
 from tests.terminal import Terminal
 from tests.tui.synthetic import T0, SyntheticFeed
-from tests.tui.test_app import SIZE, app_for, until
+from tests.tui.test_app import SIZE, app_for, notifications, until
 from tui.screens.box import BoxScreen
 from tui.screens.runlog import RunLogScreen
 
@@ -49,14 +49,7 @@ async def test_the_box_screen_lists_runs_opens_a_log_and_attaches() -> None:
 async def test_the_end_of_a_run_is_announced() -> None:
     feed = SyntheticFeed(1, 1)
     app = app_for(feed, rate=20)
-    said: list[str] = []
-    real = app.notify
-
-    def spy(message: str, **kwargs: object) -> None:
-        said.append(message)
-        real(message, **kwargs)  # type: ignore[arg-type]
-
-    app.notify = spy  # type: ignore[method-assign]
+    said = notifications(app)
     async with app.run_test(size=SIZE):
         await until(lambda: app.store.run_counts.get("box-00") == 1)
         running = feed.box_runs["box-00"][1]

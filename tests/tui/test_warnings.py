@@ -9,7 +9,7 @@ import time
 from textual.widgets import Static
 
 from tests.tui.synthetic import T0, SyntheticFeed
-from tests.tui.test_app import SIZE, app_for, boxes_screen, until
+from tests.tui.test_app import SIZE, app_for, boxes_screen, notifications, until
 from tui.screens.box import BoxScreen
 
 RELEASE_AT = T0 + 240
@@ -18,14 +18,7 @@ RELEASE_AT = T0 + 240
 async def test_a_new_warning_is_told_once_shown_with_its_clock_and_K_keeps_the_box() -> None:
     feed = SyntheticFeed(2, 1)
     app = app_for(feed)
-    said: list[str] = []
-    real = app.notify
-
-    def spy(message: str, **kwargs: object) -> None:
-        said.append(message)
-        real(message, **kwargs)  # type: ignore[arg-type]
-
-    app.notify = spy  # type: ignore[method-assign]
+    said = notifications(app)
     clock = time.strftime("%H:%M:%S", time.localtime(RELEASE_AT))
     async with app.run_test(size=SIZE) as pilot:
         await until(lambda: len(boxes_screen(app).shown) == 2)
