@@ -43,3 +43,14 @@ def test_the_folder_is_made_private_and_never_a_link(tmp_path: Path) -> None:
     shared.mkdir()
     shared.chmod(0o755)
     assert not private_folder(shared)
+
+
+def test_a_folder_another_user_planted_at_the_stable_path_is_not_used(tmp_path: Path) -> None:
+    # The path is predictable (box name and a hash of its home), so a colleague on the same
+    # machine can make it first, 0700 and theirs: the agent must not put the socket there.
+    # (The suite runs as root, which can make a folder another uid owns.)
+    planted = stable_path(box="b1", home=tmp_path / "home", tmp=str(tmp_path)).parent
+    planted.mkdir(mode=0o700)
+    os.chown(planted, 65534, 65534)  # nobody's
+    assert not private_folder(planted)
+    assert os.lstat(planted).st_uid == 65534  # left as it was: not taken over, not removed
