@@ -45,11 +45,14 @@ def test_the_folder_is_made_private_and_never_a_link(tmp_path: Path) -> None:
     assert not private_folder(shared)
 
 
-def test_a_folder_another_user_planted_at_the_stable_path_is_not_used(tmp_path: Path) -> None:
+def test_a_folder_another_user_planted_at_the_stable_path_is_not_used(
+    tmp_path: Path, short_tmp: Path
+) -> None:
     # The path is predictable (box name and a hash of its home), so a colleague on the same
     # machine can make it first, 0700 and theirs: the agent must not put the socket there.
     # (The suite runs as root, which can make a folder another uid owns.)
-    planted = stable_path(box="b1", home=tmp_path / "home", tmp=str(tmp_path)).parent
+    planted = stable_path(box="b1", home=tmp_path / "home", tmp=str(short_tmp)).parent
+    assert planted.parent == short_tmp  # removed with it after the test, never in /tmp
     planted.mkdir(mode=0o700)
     os.chown(planted, 65534, 65534)  # nobody's
     assert not private_folder(planted)
