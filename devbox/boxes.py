@@ -7,7 +7,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from devbox.statsview import age
+from devbox.units import age
 
 if TYPE_CHECKING:
     import subprocess

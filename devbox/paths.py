@@ -43,3 +43,8 @@ def ssh_config_file() -> Path:
 
 def user_ssh_config() -> Path:
     return Path(os.path.expanduser("~")) / ".ssh" / "config"
+
+
+def local_settings_file() -> Path:
+    """The local backend's autoscaler settings (a Kubernetes cluster keeps its own)."""
+    return config_dir() / "autoscaler.toml"

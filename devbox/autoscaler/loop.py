@@ -6,49 +6,16 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Protocol
+from collections.abc import Callable
+from dataclasses import dataclass
 
 from devbox.autoscaler import policy
 from devbox.autoscaler.config import MAX_INTERVAL, MIN_INTERVAL, Settings
 from devbox.autoscaler.metrics import Metrics
-from devbox.autoscaler.state import Released, State
+from devbox.autoscaler.state import Released
+from devbox.autoscaler.world import World
 
 log = logging.getLogger("devbox.autoscaler")
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    facts: Sequence[policy.BoxFacts]
-    # Unclaimed warm pods of the current shape per (profile, GPU count), counting those
-    # being created.
-    warm: Mapping[tuple[str, int], int] = field(default_factory=dict)
-    # Seconds from claim to a serving agent, for claims seen since the last snapshot.
-    claim_latencies: Sequence[float] = ()
-    # Every unclaimed warm pod, and the pods waiting for GPUs (devbox.autoscaler.pool).
-    warm_pods: Sequence[policy.WarmPod] = ()
-    pending: Sequence[policy.PendingPod] = ()
-    # Each known profile's GPU count; None: this world has no profiles (no warm pools).
-    profiles: Mapping[str, int] | None = None
-    # The most GPUs one node has; None: unknown (nodes not readable, or no such notion).
-    largest_node_gpus: int | None = None
-
-
-class World(Protocol):
-    """Where boxes live, as the autoscaler sees them."""
-
-    def snapshot(self) -> Snapshot:
-        """Every box with its activity, from what the world already pushed to us."""
-        ...
-
-    def apply(self, action: policy.Action) -> bool:
-        """Carry out one action; False when it no longer applies (the box changed)."""
-        ...
-
-    def load_state(self) -> State: ...
-
-    def save_state(self, text: str) -> None: ...
 
 
 @dataclass

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from devbox.autoscaler import policy
 
 if TYPE_CHECKING:
-    from devbox.autoscaler.loop import Snapshot
+    from devbox.autoscaler.world import Snapshot
 
 LATENCY_BUCKETS = (0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0)
 # Statuses whose GPUs count as wasted: nobody has used the box for policy.IDLE_AFTER.

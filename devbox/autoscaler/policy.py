@@ -23,7 +23,7 @@ from devbox.autoscaler.pool import WarmPod as WarmPod
 from devbox.autoscaler.pool import Yield as Yield
 from devbox.boxes import Box, BoxState
 from devbox.protocol import TRAFFIC_FLOOR, TRAFFIC_WINDOW, Activity
-from devbox.statsview import age as _span
+from devbox.units import age as _span
 
 # The metrics count a box as idle (its GPUs wasted) after this long with every signal quiet.
 IDLE_AFTER = 60.0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import os
 import sys
 from collections.abc import Callable
@@ -106,9 +107,19 @@ def hidden(parser: argparse.ArgumentParser) -> bool:
     return getattr(parser, _HIDDEN, False) is True
 
 
+def _command(sub: Any, name: str, handler: str, **kwargs: Any) -> argparse.ArgumentParser:
+    """A command's parser, naming its handler as "module:function": the parser is the one
+    table of commands, for dispatch (main imports only that module) and for completion."""
+    parser: argparse.ArgumentParser = sub.add_parser(name, **kwargs)
+    parser.set_defaults(handler=handler)
+    return parser
+
+
 def _probe_parser(sub: Any, backend: argparse.ArgumentParser) -> None:
-    probe = sub.add_parser(
+    probe = _command(
+        sub,
         "probe",
+        "devbox.commands.probe:run",
         parents=[backend],
         help="live per-layer statistics of a model training in a box (devbox.probe)",
     )
@@ -148,7 +159,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
-    up = sub.add_parser("up", parents=[backend], help="claim a box and attach its session")
+    up = _command(
+        sub,
+        "up",
+        "devbox.commands.boxes:up",
+        parents=[backend],
+        help="claim a box and attach its session",
+    )
     up.add_argument("name", nargs="?", help="box name (default: a generated one)")
     up.add_argument("--gpus", type=_gpu_count, help="GPUs for the box (default: the profile's)")
     up.add_argument("--port", type=_port, default=0, help="local backend: the agent's port")
@@ -159,10 +176,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     up.add_argument("--timeout", type=_seconds, help="seconds to wait for the box to start")
 
-    ls = sub.add_parser("ls", parents=[backend], help="list your boxes")
+    ls = _command(sub, "ls", "devbox.commands.boxes:ls", parents=[backend], help="list your boxes")
     ls.add_argument("--json", action="store_true", help="one JSON array of box records")
 
-    down = sub.add_parser("down", parents=[backend], help="release a box (its home is kept)")
+    down = _command(
+        sub,
+        "down",
+        "devbox.commands.boxes:down",
+        parents=[backend],
+        help="release a box (its home is kept)",
+    )
     down.add_argument("name")
     _offer(down, name=BOX_NAME)
     down.add_argument(
@@ -174,8 +197,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--yes", "-y", action="store_true", help="with --purge: delete without asking"
     )
 
-    ssh = sub.add_parser(
+    ssh = _command(
+        sub,
         "ssh",
+        "devbox.commands.ssh:ssh",
         parents=[backend],
         help="open the box's session, or run CMD",
         usage="devbox ssh NAME [-- CMD ...]",
@@ -184,14 +209,20 @@ def build_parser() -> argparse.ArgumentParser:
     _offer(ssh, name=BOX_NAME)
     ssh.add_argument("cmd", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
 
-    proxy = sub.add_parser(
-        "proxy", parents=[backend], help="bridge stdin/stdout to a box (ssh ProxyCommand)"
+    proxy = _command(
+        sub,
+        "proxy",
+        "devbox.commands.ssh:proxy",
+        parents=[backend],
+        help="bridge stdin/stdout to a box (ssh ProxyCommand)",
     )
     proxy.add_argument("name")
     _offer(proxy, name=BOX_NAME)
 
-    cfg = sub.add_parser(
+    cfg = _command(
+        sub,
         "ssh-config",
+        "devbox.commands.ssh:ssh_config",
         parents=[backend],
         help="OpenSSH config for your boxes",
         description="Print a `Host NAME.devbox` block per box (and pin each box's host key). "
@@ -215,8 +246,12 @@ def build_parser() -> argparse.ArgumentParser:
         "userknownhostsfile, connect with sock=ProxyCommand(its proxycommand)",
     )
 
-    keep = sub.add_parser(
-        "keep", parents=[backend], help="hold a box against idle release for a while"
+    keep = _command(
+        sub,
+        "keep",
+        "devbox.commands.boxes:keep",
+        parents=[backend],
+        help="hold a box against idle release for a while",
     )
     keep.add_argument("name", nargs="?", help="the box (default: the box this runs in)")
     keep.add_argument(
@@ -225,8 +260,12 @@ def build_parser() -> argparse.ArgumentParser:
     keep.add_argument("--off", action="store_true", help="end the hold now")
     _offer(keep, name=BOX_NAME)
 
-    stats = sub.add_parser(
-        "stats", parents=[backend], help="live GPU, host and process telemetry of a box"
+    stats = _command(
+        sub,
+        "stats",
+        "devbox.commands.stats:stats",
+        parents=[backend],
+        help="live GPU, host and process telemetry of a box",
     )
     stats.add_argument("name")
     _offer(stats, name=BOX_NAME)
@@ -240,12 +279,23 @@ def build_parser() -> argparse.ArgumentParser:
 
     _probe_parser(sub, backend)
 
-    tui = sub.add_parser("tui", parents=[backend], help="full-screen dashboard of your boxes")
+    tui = _command(
+        sub,
+        "tui",
+        "devbox.commands.tui:run",
+        parents=[backend],
+        help="full-screen dashboard of your boxes",
+    )
     tui.add_argument(
         "--rate", type=_rate, default=1.0, help="telemetry samples per second per box (default 1)"
     )
 
-    pool = sub.add_parser("pool", help="kubernetes: the warm pool of unclaimed boxes")
+    pool = _command(
+        sub,
+        "pool",
+        "devbox.commands.boxes:pool",
+        help="kubernetes: the warm pool of unclaimed boxes",
+    )
     pool_sub = pool.add_subparsers(
         dest="pool_command", metavar="ACTION", parser_class=_Parser, required=True
     )
@@ -259,14 +309,22 @@ def build_parser() -> argparse.ArgumentParser:
     pls = pool_sub.add_parser("ls", parents=[backend], help="list the warm pods")
     pls.add_argument("--json", action="store_true")
 
-    profiles = sub.add_parser(
-        "profiles", parents=[backend], help="the box profiles you may claim, and their source"
+    profiles = _command(
+        sub,
+        "profiles",
+        "devbox.commands.boxes:profiles",
+        parents=[backend],
+        help="the box profiles you may claim, and their source",
     )
     profiles.add_argument("--json", action="store_true", help="one JSON array of profiles")
 
     _add_run_commands(sub, backend)
-    scaler = sub.add_parser(
-        "autoscaler", parents=[backend], help="release idle boxes (warning first), keep warm pools"
+    scaler = _command(
+        sub,
+        "autoscaler",
+        "devbox.commands.autoscaler:run",
+        parents=[backend],
+        help="release idle boxes (warning first), keep warm pools",
     )
     scaler.add_argument(
         "--config",
@@ -275,8 +333,12 @@ def build_parser() -> argparse.ArgumentParser:
         "~/.config/devbox/autoscaler.toml locally)",
     )
     scaler.add_argument("--once", action="store_true", help="one reconcile pass, then exit")
-    explain = sub.add_parser(
-        "explain", parents=[backend], help="why the autoscaler keeps a box, or released it"
+    explain = _command(
+        sub,
+        "explain",
+        "devbox.commands.autoscaler:explain",
+        parents=[backend],
+        help="why the autoscaler keeps a box, or released it",
     )
     explain.add_argument("name")
     _offer(explain, name=BOX_NAME)
@@ -289,12 +351,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # `devbox run` and what looks after runs; their handlers live in devbox.runs.commands.
-RUN_COMMANDS = ("run", "runs", "logs", "attach", "kill", "sync")
 
 
 def _add_run_commands(sub: argparse._SubParsersAction[_Parser], backend: _Parser) -> None:
-    run = sub.add_parser(
+    run = _command(
+        sub,
         "run",
+        "devbox.commands.runs:run",
         parents=[backend],
         help="run CMD in a box, detached, with a record (ctrl-c detaches)",
         usage="devbox run [--box NAME | --gpus N] [--sync DIR | --no-sync] [--detach] -- CMD ...",
@@ -309,35 +372,64 @@ def _add_run_commands(sub: argparse._SubParsersAction[_Parser], backend: _Parser
     run.add_argument("cmd", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     _offer(run, box=BOX_NAME)
 
-    runs = sub.add_parser("runs", parents=[backend], help="list the runs of a box (or all)")
+    runs = _command(
+        sub,
+        "runs",
+        "devbox.commands.runs:runs",
+        parents=[backend],
+        help="list the runs of a box (or all)",
+    )
     runs.add_argument("name", nargs="?", help="box name (default: every running box)")
     _offer(runs, name=BOX_NAME)
     runs.add_argument("--json", action="store_true", help="one JSON array of run records")
 
-    logs = sub.add_parser("logs", parents=[backend], help="print or follow a run's output")
+    logs = _command(
+        sub,
+        "logs",
+        "devbox.commands.runs:logs",
+        parents=[backend],
+        help="print or follow a run's output",
+    )
     logs.add_argument("name")
     logs.add_argument("run")
     _offer(logs, name=BOX_NAME, run=RUN_ID)
     logs.add_argument("--follow", "-f", action="store_true", help="until the run ends")
 
-    attach = sub.add_parser("attach", parents=[backend], help="join a run's window")
+    attach = _command(
+        sub, "attach", "devbox.commands.runs:attach", parents=[backend], help="join a run's window"
+    )
     attach.add_argument("name")
     attach.add_argument("run")
     _offer(attach, name=BOX_NAME, run=RUN_ID)
 
-    kill = sub.add_parser("kill", parents=[backend], help="stop a run (SIGTERM, then SIGKILL)")
+    kill = _command(
+        sub,
+        "kill",
+        "devbox.commands.runs:kill",
+        parents=[backend],
+        help="stop a run (SIGTERM, then SIGKILL)",
+    )
     kill.add_argument("name")
     kill.add_argument("run")
     _offer(kill, name=BOX_NAME, run=RUN_ID)
 
-    sync = sub.add_parser(
-        "sync", parents=[backend], help="sync a folder into a box, as `devbox run` does"
+    sync = _command(
+        sub,
+        "sync",
+        "devbox.commands.runs:sync_",
+        parents=[backend],
+        help="sync a folder into a box, as `devbox run` does",
     )
     sync.add_argument("name")
     sync.add_argument("dir", nargs="?", default=".", help="the folder (default: .)")
     _offer(sync, name=BOX_NAME)
 
-    comp = sub.add_parser("completion", help='shell completion: eval "$(devbox completion bash)"')
+    comp = _command(
+        sub,
+        "completion",
+        "devbox.cli.completion:command",
+        help='shell completion: eval "$(devbox completion bash)"',
+    )
     comp.add_argument("shell", choices=("bash", "zsh"))
 
 
@@ -349,8 +441,8 @@ def main(argv: list[str] | None = None) -> int:
 
         return agent_main(argv[1:])
     if argv[:1] == ["_complete"]:
-        # On every TAB: the parser and a cache file, never a backend (devbox.completion).
-        from devbox.completion import complete
+        # On every TAB: the parser and a cache file, never a backend (devbox.cli.completion).
+        from devbox.cli.completion import complete
 
         return complete(argv[1:])
     args = build_parser().parse_args(argv)
@@ -359,30 +451,9 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     debug = args.debug or bool(os.environ.get("DEVBOX_DEBUG"))
     try:
-        from devbox import commands
-
-        if args.command == "tui":
-            from tui.app import make_app
-
-            flags = [
-                f"--{name}={value}"
-                for name, value in (("context", args.context), ("namespace", args.namespace))
-                if value
-            ]
-            app = make_app(backend=commands.backend_for(args), rate=args.rate, cli_flags=flags)
-            app.run()
-            # Textual has shown the traceback of a crash and set 1: a crash is no success.
-            return app.return_code or 0
-        if args.command in RUN_COMMANDS:
-            from devbox.runs.commands import HANDLERS
-
-            return _flushed(HANDLERS[args.command](args))
-        if args.command == "completion":
-            from devbox.completion import script
-
-            sys.stdout.write(script(args.shell))
-            return _flushed(0)
-        return _flushed(commands.dispatch(args))
+        module, _, function = args.handler.partition(":")
+        handler = getattr(importlib.import_module(module), function)
+        return _flushed(handler(args))
     except DevboxError as exc:
         if debug:
             raise

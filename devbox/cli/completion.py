@@ -2,70 +2,23 @@
 bash|zsh` prints the script; on a TAB the script asks `devbox _complete words CWORD WORD...`,
 which walks `devbox.cli.build_parser()` over the words typed so far. Commands, options, which
 options take a value, their choices and where box names and run ids go are the parser's
-(cli.py marks the arguments that take a box name or a run id), so a new command or option
+(devbox.cli marks the arguments that take a box name or a run id), so a new command or option
 completes with no second edit.
 
 Names come from files on the laptop, never from a box: a TAB must not wait for the network.
 Box names are the local backend's boxes (box folders with a record) plus every box a run
-was seen on; run ids are those `devbox run` started and `devbox runs` last listed (a cache,
-kept in the state folder). A TAB costs one Python start-up, the light CLI module and its
-parser (no backend, no client library).
+was seen on; run ids are those `devbox run` started and `devbox runs` last listed (a cache
+in the state folder: devbox.offers). A TAB costs one Python start-up, the light CLI module
+and its parser (no backend, no client library).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
-import os
+import sys
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 
-from devbox import cli, paths
-
-KEEP_RUNS = 200  # per box, newest last
-
-
-def _cache() -> Path:
-    return paths.state_dir() / "completion.json"
-
-
-def _load() -> dict[str, list[str]]:
-    try:
-        data = json.loads(_cache().read_text())
-    except (OSError, ValueError):
-        return {}
-    runs = data.get("runs", {}) if isinstance(data, dict) else {}
-    return {str(k): [str(i) for i in v] for k, v in runs.items() if isinstance(v, list)}
-
-
-def remember_runs(box: str, ids: Iterable[str], *, replace: bool = False) -> None:
-    """Best effort: completion is a convenience, never a reason for a command to fail."""
-    from devbox import private  # its tempfile costs a TAB, which only reads
-
-    ids = list(ids)
-    with contextlib.suppress(OSError):
-        runs = _load()
-        known = [] if replace else runs.get(box, [])
-        known = [i for i in known if i not in set(ids)] + list(ids)
-        runs[box] = known[-KEEP_RUNS:]
-        path = _cache()
-        private.ensure_dir(path.parent)
-        private.write_text(path, json.dumps({"runs": runs}))
-
-
-def boxes() -> list[str]:
-    names = set(_load())
-    folder = paths.state_dir() / "local" / "boxes"
-    with contextlib.suppress(OSError):
-        # A box is a folder with a record: not the kept home of a released box, nor what a
-        # claim interrupted by a crash left (store.py's layout).
-        names.update(n for n in os.listdir(folder) if os.path.exists(folder / n / "box.json"))
-    return sorted(names)
-
-
-def runs(box: str) -> list[str]:
-    return list(reversed(_load().get(box, [])))  # newest first
+from devbox import cli, offers
 
 
 def complete(argv: list[str]) -> int:
@@ -73,9 +26,9 @@ def complete(argv: list[str]) -> int:
     line, the program's name being number 0), `_complete boxes`, `_complete runs BOX`: one
     answer per line."""
     if argv[:1] == ["boxes"] and len(argv) == 1:
-        found = boxes()
+        found = offers.boxes()
     elif argv[:1] == ["runs"] and len(argv) == 2:
-        found = runs(argv[1])
+        found = offers.runs(argv[1])
     elif argv[:1] == ["words"] and len(argv) >= 3 and argv[1].isdigit():
         cword = int(argv[1])
         words = argv[2:][: cword + 1]
@@ -204,9 +157,9 @@ def _values(action: argparse.Action | None, *, box: str | None) -> list[str]:
         return [str(c) for c in action.choices]
     what = cli.offers(action)
     if what == cli.BOX_NAME:
-        return boxes()
+        return offers.boxes()
     if what == cli.RUN_ID:
-        return runs(box) if box else []
+        return offers.runs(box) if box else []
     return []  # free text, a number or a path: the shell's own completion (files)
 
 
@@ -264,3 +217,9 @@ def script(shell: str, *, commands: Iterable[str] | None = None, devbox: str = "
     names = command_names(cli.build_parser()) if commands is None else list(commands)
     template = _BASH if shell == "bash" else _ZSH
     return template.replace("@COMMANDS@", " ".join(names)).replace("@DEVBOX@", devbox)
+
+
+def command(args: argparse.Namespace) -> int:
+    """`devbox completion bash|zsh`."""
+    sys.stdout.write(script(args.shell))
+    return 0

@@ -13,21 +13,16 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from devbox import paths
 from devbox.autoscaler import config, policy
 from devbox.autoscaler.loop import Autoscaler
 from devbox.autoscaler.metrics import Metrics, serve
-from devbox.autoscaler.state import State
 from devbox.autoscaler.world import Inspectable
-from devbox.backends.base import Backend
+from devbox.connect import backend_for
 from devbox.errors import UsageError
-from devbox.statsview import age
+from devbox.names import validate_name
+from devbox.views.explain import render
 
 log = logging.getLogger("devbox.autoscaler")
-
-
-def local_settings_file() -> Path:
-    return paths.config_dir() / "autoscaler.toml"
 
 
 def load_settings(world: Inspectable, path: Path | None) -> config.Settings:
@@ -46,7 +41,8 @@ def load_settings(world: Inspectable, path: Path | None) -> config.Settings:
     return config.parse(text, source=source)
 
 
-def run(args: argparse.Namespace, backend: Backend) -> int:
+def run(args: argparse.Namespace) -> int:
+    backend = backend_for(args)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
@@ -97,7 +93,10 @@ def run(args: argparse.Namespace, backend: Backend) -> int:
     return 0
 
 
-def explain(args: argparse.Namespace, backend: Backend) -> int:
+def explain(args: argparse.Namespace) -> int:
+    if args.name is not None:
+        validate_name(args.name)
+    backend = backend_for(args)
     world = backend.autoscaler_world()
     settings = load_settings(world, args.config)
     state = world.load_state()
@@ -126,27 +125,3 @@ def explain(args: argparse.Namespace, backend: Backend) -> int:
     for line in world.history(facts, args.name):
         print(f"  {line}")
     return 0
-
-
-def render(verdict: policy.Verdict, facts: policy.BoxFacts, state: State, *, now: float) -> str:
-    box = facts.box
-    out = [f"box {box.name} ({box.owner or 'warm pool'}): {verdict.status}: {verdict.why}"]
-    for sig in verdict.signals:
-        if sig.active_now:
-            when = "active now"
-        elif sig.last_active:
-            when = f"last active {age(now - sig.last_active)} ago"
-        else:
-            when = "never active"
-        out.append(f"  {sig.name:<8} {when:<24} {sig.detail}")
-    beat = f"{age(now - facts.heartbeat_at)} ago" if facts.heartbeat_at else "never"
-    kept = (
-        f"until {time.strftime('%a %H:%M', time.localtime(box.keep_until))}"
-        if box.keep_until > now
-        else "no"
-    )
-    out.append(f"  heartbeat {beat}; kept: {kept}; claimed {age(now - box.created_at)} ago")
-    note = box.autoscaler_note(now)
-    if note:
-        out.append(f"  {note}")
-    return "\n".join(out) + "\n"

@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import sys
 from collections.abc import Callable
 
-from devbox import probeview, protocol
-from devbox.backends.base import Backend
+from devbox import protocol
 from devbox.boxes import Box
+from devbox.connect import backend_for, open_socket
 from devbox.errors import DevboxError, UsageError
+from devbox.views import probe as probe_view
 
 NOBODY = (
     "no training process in box {box} uses devbox.probe "
@@ -20,9 +20,7 @@ NOBODY = (
 )
 
 
-def run(
-    args: argparse.Namespace, *, backend: Backend, open_socket: Callable[[Box], socket.socket]
-) -> int:
+def run(args: argparse.Namespace) -> int:
     from devbox.ssh import probe as probe_stream
 
     layer = args.histogram or args.summary or args.save
@@ -32,6 +30,7 @@ def run(
         raise UsageError("--watch and --count show statistics; a request has one answer")
     if args.bins is not None and not args.histogram:
         raise UsageError("--bins goes with --histogram")
+    backend = backend_for(args)
     box = backend.get(args.name)
     if box.state.value not in ("running", "idle"):
         raise UsageError(f"box {box.name} is {box.state.value}: {box.reason or 'not reachable'}")
@@ -50,7 +49,7 @@ def run(
         what = "answer from the training process (it answers at its next step)"
         probe_stream.stream(
             box,
-            open_socket(box),
+            open_socket(backend, box),
             requests=[request],
             on_frame=show,
             timeout=args.timeout,
@@ -62,7 +61,7 @@ def run(
     try:
         probe_stream.stream(
             box,
-            open_socket(box),
+            open_socket(backend, box),
             on_frame=show,
             timeout=None if watch else args.timeout,
             waiting_for="statistics from the training process (is it between steps?)",
@@ -89,7 +88,7 @@ def _ask(
             print(json.dumps(frame.body), flush=True)
         else:
             reply: protocol.ProbeReply = frame.body  # type: ignore[assignment]
-            sys.stdout.write(probeview.render_reply(reply, request=dict(request)))
+            sys.stdout.write(probe_view.render_reply(reply, request=dict(request)))
         return False
 
     return show
@@ -132,7 +131,7 @@ def _follow(box: Box, args: argparse.Namespace, *, watch: bool) -> Callable[[pro
             print(json.dumps(body), flush=True)
         elif body.get("layers") or body.get("alerts"):
             stats: protocol.ProbeStats = body  # type: ignore[assignment]
-            text = probeview.render(box.name, stats, cmd=commands.get(int(pid or 0), ""))
+            text = probe_view.render(box.name, stats, cmd=commands.get(int(pid or 0), ""))
             sys.stdout.write(("\x1b[H\x1b[2J" if clear else "") + text)
             sys.stdout.flush()
         if not body.get("watched"):

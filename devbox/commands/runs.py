@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from devbox import completion, statsview
+from devbox import offers
 from devbox.backends.base import Backend
 from devbox.boxes import Box
 from devbox.connect import backend_for, refresh_ssh_config
@@ -16,6 +16,7 @@ from devbox.errors import EXIT_FAILURE, DevboxError, UsageError
 from devbox.names import validate_name
 from devbox.runs import record, remote, sync
 from devbox.runs.boxside import encode_spec
+from devbox.units import age, table
 
 
 def _run_id(text: str) -> str:
@@ -65,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
         _say_synced(box, synced)
         spec.update(cwd=synced.dest, source=str(src), git_commit=tree.commit, git_dirty=tree.dirty)
     run_id = str(spec["id"])
-    completion.remember_runs(box.name, [run_id])
+    offers.remember_runs(box.name, [run_id])
     hint = (
         f"`devbox logs {box.name} {run_id} -f` follows it, "
         f"`devbox attach {box.name} {run_id}` joins its window"
@@ -105,7 +106,7 @@ def _row(run: record.Run, now: float) -> tuple[str, ...]:
         run.state,
         run.outcome(),
         time.strftime("%m-%d %H:%M", time.localtime(run.created_at)),
-        statsview.age(took) if took is not None else "-",
+        age(took) if took is not None else "-",
         "-" if run.gpus is None else (run.gpus or "none"),
         commit,
         run.command[:60],
@@ -137,13 +138,13 @@ def runs(args: argparse.Namespace) -> int:
                 problems.append(result)
                 continue
             found.extend(result)
-            completion.remember_runs(box.name, [r.id for r in result], replace=True)
+            offers.remember_runs(box.name, [r.id for r in result], replace=True)
     if args.json:
         print(json.dumps([r.to_json() for r in found]))
     else:
         now = time.time()
         rows = [("BOX", "RUN", "STATE", "EXIT", "STARTED", "TOOK", "GPUS", "COMMIT", "COMMAND")]
-        print("\n".join(statsview.table(rows + [_row(r, now) for r in found])))
+        print("\n".join(table(rows + [_row(r, now) for r in found])))
     for problem in problems:
         print(f"devbox: error: {problem}", file=sys.stderr)
     return EXIT_FAILURE if problems else 0
@@ -184,6 +185,3 @@ def sync_(args: argparse.Namespace) -> int:
     box = remote.live(backend, args.name)
     _say_synced(box, sync.push(backend, box, src))
     return 0
-
-
-HANDLERS = {"run": run, "runs": runs, "logs": logs, "attach": attach, "kill": kill, "sync": sync_}

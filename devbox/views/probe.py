@@ -7,7 +7,7 @@ import time
 from typing import Any
 
 from devbox.protocol import LayerStats, ProbeAlert, ProbeReply, ProbeStats
-from devbox.statsview import MISSING, table
+from devbox.units import MISSING, table
 
 BAR = 40
 

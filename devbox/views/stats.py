@@ -6,55 +6,9 @@ A value the box did not report prints as "-", never as 0.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 
 from devbox.protocol import BoxProcess, GpuSample, Sample
-
-MISSING = "-"
-
-
-def size(value: float | None) -> str:
-    if value is None:
-        return MISSING
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    raise AssertionError("unreachable")
-
-
-def rate(value: float | None) -> str:
-    return MISSING if value is None else f"{size(value)}/s"
-
-
-def pct(value: float | None) -> str:
-    return MISSING if value is None else f"{value:.0f}%"
-
-
-def age(seconds: float | None) -> str:
-    """A duration as its largest unit: 45s, 12m, 3h, 2d."""
-    if seconds is None:
-        return MISSING
-    seconds = int(seconds)
-    for unit, span in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= span:
-            return f"{seconds // span}{unit}"
-    return f"{seconds}s"
-
-
-def _num(value: float | None, unit: str, fmt: str = ".0f") -> str:
-    return MISSING if value is None else f"{value:{fmt}}{unit}"
-
-
-def table(rows: Sequence[Sequence[str]], right: Sequence[int] = ()) -> list[str]:
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-    return [
-        "  ".join(
-            c.rjust(w) if i in right else c.ljust(w)
-            for i, (c, w) in enumerate(zip(row, widths, strict=True))
-        ).rstrip()
-        for row in rows
-    ]
+from devbox.units import MISSING, num, pct, rate, size, table
 
 
 def _gpu_row(g: GpuSample) -> list[str]:
@@ -62,7 +16,7 @@ def _gpu_row(g: GpuSample) -> list[str]:
         return [str(g["index"]), g["name"], "LOST", "", "", "", "", "", "", ""]
     used, total = g["mem_used"], g["mem_total"]
     memory = f"{size(used)} / {size(total)}"
-    power = f"{_num(g['power_w'], '')} / {_num(g['power_limit_w'], ' W')}"
+    power = f"{num(g['power_w'], '')} / {num(g['power_limit_w'], ' W')}"
     pcie = (
         MISSING
         if g["pcie_tx_kbs"] is None and g["pcie_rx_kbs"] is None
@@ -71,7 +25,7 @@ def _gpu_row(g: GpuSample) -> list[str]:
     ecc = (
         MISSING
         if g["ecc_corrected"] is None and g["ecc_uncorrected"] is None
-        else f"{_num(g['ecc_corrected'], '')} / {_num(g['ecc_uncorrected'], '')}"
+        else f"{num(g['ecc_corrected'], '')} / {num(g['ecc_uncorrected'], '')}"
     )
     return [
         str(g["index"]),
@@ -80,8 +34,8 @@ def _gpu_row(g: GpuSample) -> list[str]:
         pct(g["mem_util"]),
         memory,
         power,
-        _num(g["temp_c"], " C"),
-        _num(g["sm_clock_mhz"], " MHz"),
+        num(g["temp_c"], " C"),
+        num(g["sm_clock_mhz"], " MHz"),
         pcie,
         ecc,
     ]
@@ -98,7 +52,7 @@ def render(box: str, sample: Sample, *, top: int = 10) -> str:
     clock = time.strftime("%H:%M:%S", time.localtime(sample["t"]))
     lines = [
         f"box {box}  {len(sample['gpus'])} GPU(s)  sample {sample['seq']} at {clock}",
-        f"host  cpu {pct(avg)} of {len(cpu)} cores  load {_num(host['load1'], '', '.2f')}  "
+        f"host  cpu {pct(avg)} of {len(cpu)} cores  load {num(host['load1'], '', '.2f')}  "
         f"mem {size(host['mem_used'])} / {size(host['mem_total'])}  "
         f"disk r {rate(host['disk_read_bps'])} w {rate(host['disk_write_bps'])}  "
         f"net rx {rate(host['net_rx_bps'])} tx {rate(host['net_tx_bps'])}",
@@ -144,7 +98,7 @@ def _processes(processes: list[BoxProcess], top: int) -> list[str]:
                 p["user"] or MISSING,
                 pct(p["cpu"]),
                 size(p["rss"]),
-                _num(p["threads"], ""),
+                num(p["threads"], ""),
                 (p["cmdline"] or p["name"])[:80],
             ]
         )

@@ -16,8 +16,9 @@ import pytest
 
 from devbox.autoscaler import policy
 from devbox.autoscaler.config import Settings, parse
-from devbox.autoscaler.loop import Autoscaler, Snapshot
+from devbox.autoscaler.loop import Autoscaler
 from devbox.autoscaler.state import State
+from devbox.autoscaler.world import Snapshot
 from devbox.errors import UsageError
 
 DURATIONS = (

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import dataclasses
 
-from devbox.autoscaler import policy, service
+from devbox.autoscaler import policy
 from devbox.autoscaler.config import SIGNALS, PoolTarget, Settings
-from devbox.autoscaler.loop import Autoscaler, Snapshot
+from devbox.autoscaler.loop import Autoscaler
 from devbox.autoscaler.state import State, loads
+from devbox.autoscaler.world import Snapshot
 from devbox.boxes import Box, BoxSpec, BoxState
 from devbox.protocol import Activity
+from devbox.views.explain import render
 
 T0 = 1_000_000.0
 S = Settings(
@@ -142,7 +144,7 @@ def test_editor_traffic_counts_by_default_and_explain_names_each_signal() -> Non
     assert d.actions == () and verdict.status == "busy", verdict
     assert verdict.why == "in use: forwards recently"
     b = box()
-    text = service.render(verdict, facts(b, act(last_forward=now - 30), now), State(), now=now)
+    text = render(verdict, facts(b, act(last_forward=now - 30), now), State(), now=now)
     lines = {line.split()[0]: line for line in text.splitlines()[1:] if line.startswith("  ")}
     assert "last active 30s ago" in lines["forwards"]
     assert "port-forward traffic (at least 4 KiB in 60 s)" in lines["forwards"]

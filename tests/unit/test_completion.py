@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from devbox import cli, completion
+from devbox import cli, offers
+from devbox.cli import completion
 
 REPO = Path(__file__).resolve().parents[2]
 BOXES = ["alpha", "beta"]
@@ -31,7 +32,7 @@ def env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, str]:
         folder = tmp_path / ".local/state/devbox/local/boxes" / box
         folder.mkdir(parents=True)
         (folder / "box.json").write_text("{}")
-    completion.remember_runs("alpha", reversed(RUNS))
+    offers.remember_runs("alpha", reversed(RUNS))
     return {**os.environ, "PYTHONPATH": str(REPO)}
 
 

@@ -33,4 +33,4 @@ def test_a_non_editable_install_carries_the_runtime_files(tmp_path: Path) -> Non
     )
     for source in (REPO / "tui").rglob("*.tcss"):
         assert (target / source.relative_to(REPO)).is_file(), f"{source.name} is not installed"
-    assert (target / "devbox/cli.py").is_file() and (target / "agent/main.py").is_file()
+    assert (target / "devbox/cli/__init__.py").is_file() and (target / "agent/main.py").is_file()

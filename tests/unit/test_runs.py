@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from devbox import completion
+from devbox import offers
+from devbox.cli import completion
 from devbox.runs import ignore, record
 
 REPO = Path(__file__).resolve().parents[2]
@@ -137,8 +138,8 @@ def test_bash_completion_names_boxes_and_runs(
         (tmp_path / f".local/state/devbox/local/boxes/{box}/box.json").write_text("{}")
     # A box folder without a record (a released box's kept home) is no box to offer.
     (tmp_path / ".local/state/devbox/local/boxes/gone").mkdir()
-    completion.remember_runs("alpha", ["k7mq", "p2zz"])
-    completion.remember_runs("alpha", ["q3rs"])
+    offers.remember_runs("alpha", ["k7mq", "p2zz"])
+    offers.remember_runs("alpha", ["q3rs"])
     assert _bash_complete(env, "devbox ") == ["up", "run", "logs", "ssh"]
     assert _bash_complete(env, "devbox r") == ["run"]
     assert _bash_complete(env, "devbox ssh ") == ["alpha", "beta"]

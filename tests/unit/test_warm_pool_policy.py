@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from devbox.autoscaler import policy
 from devbox.autoscaler.config import PoolTarget, Settings, parse
-from devbox.autoscaler.loop import Autoscaler, Snapshot
+from devbox.autoscaler.loop import Autoscaler
 from devbox.autoscaler.state import State, loads
+from devbox.autoscaler.world import Snapshot
 
 T0 = 1_000_000.0
 

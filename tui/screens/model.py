@@ -11,12 +11,12 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.widgets import DataTable, Footer, Header, Label, Static
 
-from devbox.probeview import HEAD, layer_cells, num
+from devbox.views.probe import HEAD, layer_cells, num
 from tui.feed import ModelView, Store
 from tui.screens.base import AppScreen
 from tui.widgets.text import spark
 
-# probeview's columns, with the gradient norm's history after its value
+# devbox.views.probe's columns, with the gradient norm's history after its value
 COLUMNS = ("PID", "LAYER", *HEAD[:7], "GRAD HISTORY", *HEAD[7:])
 SHADES = " ░▒▓█"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
-from devbox.statsview import age, pct
+from devbox.units import age, pct
 
 __all__ = ["age", "pct", "release_hint", "size", "spark"]
 

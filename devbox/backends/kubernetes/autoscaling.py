@@ -15,8 +15,8 @@ from typing import Any
 from devbox import protocol as p
 from devbox.autoscaler import policy
 from devbox.autoscaler.config import CONFIG_KEY, CONFIG_MAP
-from devbox.autoscaler.loop import Snapshot
 from devbox.autoscaler.state import STATE_CONFIG_MAP, STATE_KEY, State, loads
+from devbox.autoscaler.world import Snapshot
 from devbox.backends.kubernetes import KubernetesBackend, api, pods
 from devbox.backends.kubernetes.informer import Informer
 from devbox.backends.kubernetes.rest import ApiError

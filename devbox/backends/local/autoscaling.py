@@ -13,8 +13,8 @@ from pathlib import Path
 from devbox import config as config_mod
 from devbox import names, paths, private, terminals
 from devbox.autoscaler import policy
-from devbox.autoscaler.loop import Snapshot
 from devbox.autoscaler.state import State, loads
+from devbox.autoscaler.world import Snapshot
 from devbox.backends.local import LocalBackend
 from devbox.boxes import Box, Multiplexer, release_warning, release_withdrawn
 from devbox.errors import UsageError
@@ -124,7 +124,7 @@ class LocalWorld:
         log.info("box %s: told %d terminal(s) outside its session", box.name, told)
 
     def settings_text(self) -> tuple[str, str] | None:
-        from devbox.autoscaler.service import local_settings_file
+        from devbox.paths import local_settings_file
 
         path = local_settings_file()
         try:
