@@ -119,7 +119,7 @@ def main() -> None:
         sb.devbox("ssh-config", "--write")
         ours = ["ssh", "-F", str(Path(sb.env["HOME"]) / ".config/devbox/ssh_config"), "tput.devbox"]
         port = free_port()
-        with kubectl_forward(k, ns, box["extra"]["pod"], port):
+        with kubectl_forward(k, ns, box["place"], port):
             known = Path(sb.env["HOME"]) / ".local/state/devbox/known_hosts"
             theirs = ssh_base(sb.key, known, port, alias="tput.devbox")
             devbox_mbps, kubectl_mbps = downloads([ours, theirs], sb.env, args.mib, 5)

@@ -124,6 +124,13 @@ class Box:
     release_at: float = 0.0
     release_reason: str = ""
     unhealthy_since: float = 0.0
+    # Where the backend runs the box, in its own terms: a pod's name; empty locally.
+    place: str = ""
+    # The box's persistent session: "screen", "tmux" or "none"; empty: the backend cannot tell.
+    multiplexer: str = ""
+    # devbox.probe's model alerts as one short cell ("nan:fc"), for `devbox ls`; empty: none.
+    alerts: str = ""
+    # Details only the backend that wrote them reads (a keeper's pid, a home path).
     extra: dict[str, str] = field(default_factory=dict)
 
     def autoscaler_note(self, now: float) -> str:
@@ -161,6 +168,7 @@ class Box:
     def from_json(cls, data: dict[str, Any]) -> Box:
         """Inverse of to_json; raises KeyError/TypeError/ValueError on a malformed record."""
         spec = BoxSpec.from_json(dict(data["spec"]))
+        extra = {str(k): str(v) for k, v in dict(data.get("extra", {})).items()}
         return cls(
             name=str(data["name"]),
             owner=str(data["owner"]),
@@ -179,7 +187,11 @@ class Box:
             release_at=float(data.get("release_at", 0.0)),
             release_reason=str(data.get("release_reason", "")),
             unhealthy_since=float(data.get("unhealthy_since", 0.0)),
-            extra={str(k): str(v) for k, v in dict(data.get("extra", {})).items()},
+            place=str(data.get("place", "")),
+            # A record an earlier devbox wrote kept the session's kind among the extras.
+            multiplexer=str(data.get("multiplexer", extra.pop("multiplexer", ""))),
+            alerts=str(data.get("alerts", "")),
+            extra=extra,
         )
 
 
@@ -301,7 +313,7 @@ class Multiplexer:
 def session_warning(box: Box, *, preference: str) -> str:
     """What `devbox up` says when the box has no persistent session the user did not choose
     to go without (multiplexer = "none"); empty otherwise, or when the backend cannot tell."""
-    if box.extra.get("multiplexer") != "none" or preference == "none":
+    if box.multiplexer != "none" or preference == "none":
         return ""
     return (
         f"devbox: warning: box {box.name}: no screen or tmux on this machine: "

@@ -38,6 +38,9 @@ class Config:
     priority_class: str = ""
     # The user's own [profiles.NAME] tables; they replace the cluster's of the same name.
     profiles: tuple[Profile, ...] = ()
+    # Local backend: the agent's port (`devbox up --port`; 0: any free one). A flag only,
+    # not a key of the config file: two boxes cannot share one port.
+    port: int = 0
 
 
 _FIELDS: dict[str, type] = {

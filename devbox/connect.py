@@ -31,6 +31,7 @@ def backend_for(args: argparse.Namespace) -> Backend:
             ("context", getattr(args, "context", None)),
             ("namespace", getattr(args, "namespace", None)),
             ("start_timeout", getattr(args, "timeout", None)),
+            ("port", getattr(args, "port", None)),
         )
         if value is not None
     }

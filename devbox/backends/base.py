@@ -51,7 +51,7 @@ class Backend(Protocol):
         no such profile); `gpus`, an explicit --gpus, replaces the profile's count."""
         ...
 
-    def claim(self, spec: BoxSpec, *, name: str | None = None, port: int = 0) -> Box:
+    def claim(self, spec: BoxSpec, *, name: str | None = None) -> Box:
         """Start (or take) a box of `spec` (from `resolve`) and return it running.
         `name` None: generate one."""
         ...

@@ -28,7 +28,7 @@ def up(args: argparse.Namespace) -> int:
     if attach:
         prefetch_client(backend)
     spec = backend.resolve(args.profile, gpus=args.gpus)
-    box = backend.claim(spec, name=args.name, port=args.port)
+    box = backend.claim(spec, name=args.name)
     # On Kubernetes the refresh lists the boxes (an API request, 40 ms): beside the
     # session's start, not before it. Joined before the command ends either way.
     refresh = threading.Thread(target=_refresh_ssh_config_or_warn, args=(backend,))
@@ -76,7 +76,7 @@ def ls(args: argparse.Namespace) -> int:
                     _release_cell(b, now),
                     age(b.kept_for(now)),
                     # devbox.probe's model alerts (NaN, exploding gradients...): `devbox probe`
-                    b.extra.get("alerts", "-"),
+                    b.alerts or "-",
                 )
             )
         print_table(rows)
@@ -149,7 +149,7 @@ def pool(args: argparse.Namespace) -> int:
         [("POD", "PROFILE", "GPUS", "STATE", "AGE")]
         + [
             (
-                b.extra.get("pod", b.name),
+                b.place or b.name,
                 b.spec.profile,
                 str(b.spec.gpus),
                 b.state.value,

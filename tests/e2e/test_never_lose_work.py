@@ -139,7 +139,7 @@ def test_without_a_multiplexer_a_detached_job_keeps_the_gpu_until_down(user: Use
     _use_multiplexer(user, "none")
     gpu = one_gpu(user)
     box = user.up("plain", "--gpus", "1")
-    assert box["extra"]["multiplexer"] == "none"
+    assert box["multiplexer"] == "none"
     command, word = _sleeper()
     # A job started the way one would without screen: detached, in a session of its own.
     detach = f"setsid nohup {command} >/dev/null 2>&1 < /dev/null &"

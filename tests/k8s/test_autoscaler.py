@@ -196,10 +196,10 @@ def test_autoscaler_on_the_real_control_plane(kube: KubeUser, tmp_path: Path) ->
         def up(name: str, gpus: str) -> str:
             done = kube.devbox("up", name, "--gpus", gpus, "--no-attach", "--json", check=True)
             boxes[name] = json.loads(done.stdout)
-            return str(boxes[name]["extra"]["pod"])
+            return str(boxes[name]["place"])
 
         def lease_gpu(name: str) -> float:
-            lease = k.json("get", "lease", boxes[name]["extra"]["pod"])
+            lease = k.json("get", "lease", boxes[name]["place"])
             return float(lease["metadata"]["annotations"].get("devbox.io/gpu-util", 0))
 
         # Each step below starts a box's clock right before what is checked of it, so
@@ -257,11 +257,11 @@ def test_autoscaler_on_the_real_control_plane(kube: KubeUser, tmp_path: Path) ->
         assert time.time() < keep_until and "devbox.io/release-at" not in kept["annotations"]
 
         _wait("silent's busy GPU in its Lease", lambda: lease_gpu("silent") >= 90, timeout=40)
-        silent_pid = _agent_pid(k.ns, boxes["silent"]["extra"]["pod"])
+        silent_pid = _agent_pid(k.ns, boxes["silent"]["place"])
         os.kill(silent_pid, signal.SIGSTOP)  # its agent stops heartbeating
 
         # The silent agent is marked unhealthy and reported, not released.
-        silent_pod = boxes["silent"]["extra"]["pod"]
+        silent_pod = boxes["silent"]["place"]
         _wait(
             "silent marked unhealthy",
             lambda: "devbox.io/unhealthy-since" in k.pod(silent_pod)["metadata"]["annotations"],  # type: ignore[index]
@@ -288,7 +288,7 @@ def test_autoscaler_on_the_real_control_plane(kube: KubeUser, tmp_path: Path) ->
         assert k.events(idle_pod).count("DevboxReleased") == 1
 
         # Training with nobody typing was never warned.
-        train_pod = boxes["train"]["extra"]["pod"]
+        train_pod = boxes["train"]["place"]
         assert "devbox.io/release-at" not in k.pod(train_pod)["metadata"]["annotations"]  # type: ignore[index]
         assert k.events(train_pod) == []
         why = kube.devbox("explain", "train", check=True).stdout.decode()
@@ -453,7 +453,7 @@ def test_warm_pods_yield_to_pods_waiting_for_gpus(
                 "up", "mine", "--profile", "pinned", "--no-attach", "--json", check=True
             ).stdout
         )
-        assert box["extra"]["pod"] == first
+        assert box["place"] == first
         mine = k.pod(first)["metadata"]["uid"]  # type: ignore[index]
         (second,) = _wait(
             "the refilled pool", lambda: [w for w in k.ready_warm() if w != first and on_node(w)]

@@ -55,7 +55,7 @@ def test_up_ssh_and_openssh_through_the_port_forward(kube: KubeUser) -> None:
 
 def test_twenty_claims_against_a_warm_pool_of_five(kube: KubeUser) -> None:
     warm = kube.devbox("pool", "warm", "--size", "5", "--json", check=True)
-    pool = {b["extra"]["pod"] for b in json.loads(warm.stdout)}
+    pool = {b["place"] for b in json.loads(warm.stdout)}
     assert len(pool) == 5
 
     def claim(i: int) -> subprocess.CompletedProcess[bytes]:
@@ -65,13 +65,13 @@ def test_twenty_claims_against_a_warm_pool_of_five(kube: KubeUser) -> None:
         results = list(threads.map(claim, range(20)))
     assert all(r.returncode == 0 for r in results), [r.stderr[-500:] for r in results]
     boxes = [json.loads(r.stdout) for r in results]
-    pods = [b["extra"]["pod"] for b in boxes]
+    pods = [b["place"] for b in boxes]
     assert len(set(pods)) == 20, "a pod was claimed twice"
     assert set(pods) & pool == pool, "every warm pod was claimed"
     assert sum(p.startswith("devbox-warm-") for p in pods) == 5
     assert json.loads(kube.devbox("pool", "ls", "--json", check=True).stdout) == []
     # A claimed warm pod serves its new owner.
-    from_pool = next(b for b in boxes if b["extra"]["pod"].startswith("devbox-warm-"))
+    from_pool = next(b for b in boxes if b["place"].startswith("devbox-warm-"))
     out = kube.devbox("ssh", from_pool["name"], "--", "echo $DEVBOX_BOX", check=True)
     assert out.stdout.decode().strip() == from_pool["name"]
 
@@ -101,7 +101,7 @@ def test_agent_publishes_and_heartbeats(kube: KubeUser) -> None:
 
     def pod() -> dict[str, Any]:
         got = kube.cluster.kubectl_run(
-            "get", "pod", "-n", kube.namespace, box["extra"]["pod"], "-o", "json"
+            "get", "pod", "-n", kube.namespace, box["place"], "-o", "json"
         )
         return dict(json.loads(got.stdout))
 
@@ -121,14 +121,14 @@ def test_agent_publishes_and_heartbeats(kube: KubeUser) -> None:
     deadline = time.monotonic() + 30
     while True:
         lease = kube.cluster.kubectl_run(
-            "get", "lease", "-n", kube.namespace, box["extra"]["pod"], "-o", "json"
+            "get", "lease", "-n", kube.namespace, box["place"], "-o", "json"
         )
         if lease.returncode == 0:
             break
         assert time.monotonic() < deadline, lease.stderr
         time.sleep(0.5)
     spec = json.loads(lease.stdout)
-    assert spec["spec"]["holderIdentity"] == box["extra"]["pod"]
+    assert spec["spec"]["holderIdentity"] == box["place"]
     assert float(spec["metadata"]["annotations"]["devbox.io/last-input"]) > 0
 
 
@@ -228,9 +228,7 @@ def test_keep_annotates_the_pod(kube: KubeUser) -> None:
     kube.devbox("keep", "kk", "--for", "30m", check=True)
     (box,) = json.loads(kube.devbox("ls", "--json", check=True).stdout)
     assert 1700 < box["keep_until"] - time.time() <= 1800
-    pod = kube.cluster.kubectl_run(
-        "get", "pod", box["extra"]["pod"], "-n", kube.namespace, "-o", "json"
-    )
+    pod = kube.cluster.kubectl_run("get", "pod", box["place"], "-n", kube.namespace, "-o", "json")
     annotations = json.loads(pod.stdout)["metadata"]["annotations"]
     assert float(annotations["devbox.io/keep-until"]) == box["keep_until"]
     kube.devbox("keep", "kk", "--off", check=True)
@@ -242,12 +240,12 @@ def test_a_box_from_the_warm_pool_is_idle_no_longer_than_its_age(kube: KubeUser)
     """Issue 16 (14f): AGE and IDLE both count from the claim. The warm pod's agent
     started (and began its activity clock) before anyone claimed it."""
     warm = json.loads(kube.devbox("pool", "warm", "--size", "1", "--json", check=True).stdout)
-    pooled = warm[0]["extra"]["pod"]
+    pooled = warm[0]["place"]
     made = time.time()
     # A gap between the pod's start and the claim that whole seconds in `ls` can show.
     wait_until(lambda: time.time() > made + 4, timeout=10, what="the warm pod to age", every=0.5)
     box = json.loads(kube.devbox("up", "fromwarm", "--no-attach", "--json", check=True).stdout)
-    assert box["extra"]["pod"] == pooled
+    assert box["place"] == pooled
 
     def listed() -> dict[str, Any] | None:
         found = json.loads(kube.devbox("ls", "--json", check=True).stdout)

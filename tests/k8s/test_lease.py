@@ -17,7 +17,7 @@ def test_a_short_lived_box_leaves_no_lease(kube: KubeUser) -> None:
     """The first heartbeat goes out at once; it must already name the pod as its owner,
     or a box released before the second one leaves its Lease behind for good."""
     up = kube.devbox("up", "brief", "--no-attach", "--json", check=True)
-    pod = json.loads(up.stdout)["extra"]["pod"]
+    pod = json.loads(up.stdout)["place"]
     lease = wait_until(lambda: _lease(kube, pod), timeout=60, what="the box's Lease")
     uid = json.loads(
         kube.cluster.kubectl_run("get", "pod", pod, "-n", kube.namespace, "-o", "json").stdout

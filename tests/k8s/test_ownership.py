@@ -211,7 +211,7 @@ def test_a_warm_pod_is_claimed_only_for_oneself(lab: Person) -> None:
     _up(mallory, "m0")  # makes her key (before the pool: this claim would take its pod)
     mine = _user_key(mallory)
     pool = json.loads(admin.devbox("pool", "warm", "--size", "1", "--json", check=True).stdout)
-    warm = pool[0]["extra"]["pod"]
+    warm = pool[0]["place"]
     version = _pod(admin, warm)["metadata"]["resourceVersion"]
     claim_for_alice = {
         "metadata": {
@@ -252,7 +252,7 @@ def test_a_warm_pod_is_claimed_only_for_oneself(lab: Person) -> None:
     # alice claims it, through devbox, and from then on it is hers alone.
     done = alice.devbox("up", "aw", "--no-attach", "--json", timeout=120)
     assert done.returncode == 0 and b"claimed warm pod" in done.stderr, done.stderr
-    assert json.loads(done.stdout)["extra"]["pod"] == warm
+    assert json.loads(done.stdout)["place"] == warm
     _refused(_kubectl(mallory, "delete", "pod", warm, "--wait=false"), "belongs to alice")
 
 

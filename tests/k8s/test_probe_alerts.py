@@ -28,16 +28,16 @@ print("sent")
 def test_an_alert_in_the_pod_shows_in_ls(kube: KubeUser) -> None:
     kube.devbox("up", "pa", "--no-attach", check=True)
     (box,) = json.loads(kube.devbox("ls", "--json", check=True).stdout)
-    assert "alerts" not in box["extra"]
+    assert box["alerts"] == ""
     sent = kube.devbox("ssh", "pa", "--", "python3", "-", input=FAKE_TRAINER.encode(), check=True)
     assert sent.stdout.strip() == b"sent", sent.stderr
     deadline = time.monotonic() + 30
     while True:
         (box,) = json.loads(kube.devbox("ls", "--json", check=True).stdout)
-        if box["extra"].get("alerts"):
+        if box["alerts"]:
             break
         assert time.monotonic() < deadline, box
         time.sleep(0.5)
-    assert box["extra"]["alerts"] == "nan:fc"
+    assert box["alerts"] == "nan:fc"
     table = kube.devbox("ls", check=True).stdout.decode().splitlines()
     assert table[0].split()[-1] == "ALERTS" and table[1].split()[-1] == "nan:fc"

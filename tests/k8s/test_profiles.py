@@ -57,7 +57,7 @@ def test_a_cluster_profile_shapes_the_pod_and_the_users_own_replaces_it(
 
     box = up(kube, "p1", "--profile", "pinned")
     assert box["spec"]["cpu"] == "250m" and box["spec"]["gpus"] == 1
-    spec = pod(kube, box["extra"]["pod"])["spec"]  # type: ignore[index]
+    spec = pod(kube, box["place"])["spec"]  # type: ignore[index]
     (container,) = spec["containers"]
     # Exactly the profile's requests, no CPU or memory limit, its GPUs as the limit.
     assert container["resources"] == {
@@ -75,7 +75,7 @@ def test_a_cluster_profile_shapes_the_pod_and_the_users_own_replaces_it(
 
     # The user's own profile of the same name replaces the cluster's whole.
     small = up(kube, "s1", "--profile", "small")
-    (container,) = pod(kube, small["extra"]["pod"])["spec"]["containers"]  # type: ignore[index]
+    (container,) = pod(kube, small["place"])["spec"]["containers"]  # type: ignore[index]
     assert container["resources"] == {"requests": {"cpu": "300m", "memory": "2Gi"}}
 
     # An unknown profile names the known ones; a bad ConfigMap is one line naming it.
@@ -98,7 +98,7 @@ def test_warm_pools_are_per_shape_and_one_priority_for_all(kube: KubeUser) -> No
     # devbox-box: a PriorityClass scripts/test-cluster makes (value 0).
     write_config(kube, 'priority_class = "devbox-box"\n')
     (a_pod,) = [
-        b["extra"]["pod"]
+        b["place"]
         for b in json.loads(
             kube.devbox("pool", "warm", "--profile", "a", "--json", check=True).stdout
         )
@@ -108,9 +108,9 @@ def test_warm_pools_are_per_shape_and_one_priority_for_all(kube: KubeUser) -> No
 
     # A claim of profile a takes a's warm pod, never b's.
     warm_box = up(kube, "x", "--profile", "a")
-    assert warm_box["extra"]["pod"] == a_pod and warm_pods(kube, "b") == [b_pod]
+    assert warm_box["place"] == a_pod and warm_pods(kube, "b") == [b_pod]
     cold_box = up(kube, "y", "--profile", "a")  # a's pool is empty now
-    assert cold_box["extra"]["pod"] == "devbox-y"
+    assert cold_box["place"] == "devbox-y"
     warm_spec = pod(kube, a_pod)["spec"]  # type: ignore[index]
     cold_spec = pod(kube, "devbox-y")["spec"]  # type: ignore[index]
     # A claimed warm box is exactly as preemptible as a cold one.
@@ -120,11 +120,11 @@ def test_warm_pools_are_per_shape_and_one_priority_for_all(kube: KubeUser) -> No
     # The administrator changes b: its old warm pod serves no claim of the new shape ...
     set_profiles(kube, '[profiles.a]\ncpu = "200m"\n[profiles.b]\ncpu = "400m"\n')
     new_b = up(kube, "z", "--profile", "b")
-    assert new_b["extra"]["pod"] == "devbox-z" and warm_pods(kube, "b") == [b_pod]
+    assert new_b["place"] == "devbox-z" and warm_pods(kube, "b") == [b_pod]
     # ... and topping b's pool up replaces it.
     topped = kube.devbox("pool", "warm", "--profile", "b", "--json", check=True)
     assert f"deleted warm pod {b_pod}".encode() in topped.stderr
-    (fresh,) = [b["extra"]["pod"] for b in json.loads(topped.stdout)]
+    (fresh,) = [b["place"] for b in json.loads(topped.stdout)]
     assert fresh != b_pod
     (container,) = pod(kube, fresh)["spec"]["containers"]  # type: ignore[index]
     assert container["resources"]["requests"]["cpu"] == "400m"

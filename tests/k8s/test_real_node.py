@@ -95,7 +95,7 @@ def _up(kube: KubeUser, name: str, *extra: str) -> dict[str, Any]:
     done = kube.devbox("up", name, "--no-attach", "--json", *extra, timeout=360)
     assert done.returncode == 0, done.stderr.decode()[-3000:]
     box: dict[str, Any] = json.loads(done.stdout)
-    pod = _pod(kube, box["extra"]["pod"])
+    pod = _pod(kube, box["place"])
     assert pod is not None and pod["spec"]["nodeName"] == NODE, "not on the real node"
     return box
 
@@ -161,7 +161,7 @@ def test_cold_and_warm_boxes_reached_by_ssh_scp_and_rsync(rk: KubeUser, tmp_path
     assert warm.returncode == 0, warm.stderr.decode()
     assert b"claimed warm pod" in warm.stderr
     box = json.loads(warm.stdout)
-    assert box["extra"]["pod"].startswith("devbox-warm-")
+    assert box["place"].startswith("devbox-warm-")
     assert _in_box(rk, "rw", "echo $DEVBOX_BOX").strip() == "rw"
     assert rk.user.ssh("rw.devbox", "true").returncode == 0
 
@@ -206,7 +206,7 @@ def test_inside_the_container(rk: KubeUser) -> None:
 
 def test_the_agent_holds_only_its_service_account(rk: KubeUser) -> None:
     box = _up(rk, "creds", "--profile", "real")
-    pod = _pod(rk, box["extra"]["pod"])
+    pod = _pod(rk, box["place"])
     assert pod is not None and pod["spec"]["serviceAccountName"] == "devbox-agent"
     args = pod["spec"]["containers"][0]["command"]
     assert "--kubeconfig" not in args  # in-cluster credentials, nothing else
@@ -229,7 +229,7 @@ def test_the_agent_holds_only_its_service_account(rk: KubeUser) -> None:
         "review = call('POST', '/apis/authentication.k8s.io/v1/selfsubjectreviews', "
         'b\'{"apiVersion":"authentication.k8s.io/v1","kind":"SelfSubjectReview"}\')\n'
         "print(review[1]['status']['userInfo']['username'])\n"
-        f"print(call('GET', f'/api/v1/namespaces/{{ns}}/pods/{box['extra']['pod']}')[0])\n"
+        f"print(call('GET', f'/api/v1/namespaces/{{ns}}/pods/{box['place']}')[0])\n"
         "print(call('GET', f'/api/v1/namespaces/{ns}/secrets')[0])\n"
         "print(call('GET', '/api/v1/nodes')[0])\n"
     )
@@ -310,7 +310,7 @@ def _busy_box(kube: KubeUser, name: str) -> tuple[dict[str, Any], set[int]]:
     host PIDs of all its processes, once that one is among them."""
     box = _up(kube, name, "--profile", "real")
     _in_box(kube, name, "nohup setsid sleep 1000 >/dev/null 2>&1 </dev/null & true")
-    pod = _pod(kube, box["extra"]["pod"])
+    pod = _pod(kube, box["place"])
     assert pod is not None
 
     def with_sleep() -> set[int]:
@@ -363,7 +363,7 @@ def test_a_claimed_warm_box_is_not_preempted_by_ordinary_gpu_work(rk: KubeUser) 
     rk.devbox("pool", "warm", "--profile", "real-all", "--size", "1", timeout=360, check=True)
     up = rk.devbox("up", "held", "--profile", "real-all", "--no-attach", "--json", timeout=120)
     assert up.returncode == 0 and b"claimed warm pod" in up.stderr, up.stderr
-    pod_name = json.loads(up.stdout)["extra"]["pod"]
+    pod_name = json.loads(up.stdout)["place"]
     before = _pod(rk, pod_name)
     assert before is not None
     plain = {
@@ -418,7 +418,7 @@ def test_an_autoscaler_release_ends_every_process_of_the_box(rk: KubeUser, tmp_p
         )
     try:
         wait_until(
-            lambda: _pod(rk, box["extra"]["pod"]) is None or scaler.poll() is not None,
+            lambda: _pod(rk, box["place"]) is None or scaler.poll() is not None,
             timeout=120,
             what="the autoscaler to release the idle box",
             every=0.5,
@@ -453,9 +453,7 @@ def test_bob_cannot_read_or_write_alices_home(
     try:
         admin.devbox("pool", "warm", "--profile", "real", "--size", "2", timeout=360, check=True)
         aw, bw = _up(alice, "aw", "--profile", "real"), _up(bob, "bw", "--profile", "real")
-        assert aw["extra"]["pod"].startswith("devbox-warm-") and bw["extra"]["pod"].startswith(
-            "devbox-warm-"
-        )
+        assert aw["place"].startswith("devbox-warm-") and bw["place"].startswith("devbox-warm-")
         # Even a file alice left world-readable, in a world-readable folder of her home.
         _in_box(alice, "aw", "umask 022; echo s3cret > secret.txt; mkdir open; echo hi > open/f")
         out = _in_box(
@@ -479,7 +477,7 @@ def test_bob_cannot_read_or_write_alices_home(
         # The agent listens on the pod's loopback only: another pod finds nothing there.
         listening = _in_box(alice, "aw", "awk '$4 == \"0A\" {print $2}' /proc/net/tcp").split()
         assert listening == ["0100007F:08AE"], listening  # 127.0.0.1:2222, nothing else
-        pod = _pod(alice, aw["extra"]["pod"])
+        pod = _pod(alice, aw["place"])
         assert pod is not None
         knock = _in_box(
             bob,
@@ -494,8 +492,8 @@ def test_bob_cannot_read_or_write_alices_home(
         token = _in_box(bob, "bw", "cat /var/run/secrets/kubernetes.io/serviceaccount/token")
         stolen = str(token_kubeconfig(cluster, token.strip(), tmp_path / "stolen-kubeconfig"))
         for target, key in (
-            (aw["extra"]["pod"], "devbox.io/alerts"),
-            (bw["extra"]["pod"], "devbox.io/owner-key"),
+            (aw["place"], "devbox.io/alerts"),
+            (bw["place"], "devbox.io/owner-key"),
         ):
             done = cluster.kubectl_run(
                 "annotate",

@@ -1,6 +1,7 @@
 """The Backend seam is declared, never probed: outside devbox/backends/, no code asks a
 backend what it is (getattr/hasattr/isinstance on a backend, a comparison of a backend's or
-a box's backend name); it asks the backend (devbox/backends/base.py). And each backend
+a box's backend name, a read of `Box.extra`, the details only a backend reads); it asks the
+backend (devbox/backends/base.py) or reads the Box's typed fields. And each backend
 answers every question the protocol declares, as the users of that answer rely on."""
 
 from __future__ import annotations
@@ -53,6 +54,8 @@ def _names_a_backend(node: ast.expr) -> bool:
 
 
 def _is_probe(node: ast.AST) -> bool:
+    if isinstance(node, ast.Attribute) and node.attr == "extra":
+        return True
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.args:
         if node.func.id in ("getattr", "hasattr"):
             return _mentions_backend(node.args[0])
@@ -119,6 +122,8 @@ def test_the_allow_list_is_not_stale() -> None:
         'backend.name == "kubernetes"',
         'self.backend.name != "local"',
         'backend_name in ("local", "kubernetes")',
+        'b.extra.get("alerts", "-")',
+        'box.extra["pod"]',
     ],
 )
 def test_the_scan_sees_each_kind_of_probe(snippet: str) -> None:
@@ -133,6 +138,7 @@ def test_the_scan_sees_each_kind_of_probe(snippet: str) -> None:
         'name == "local"',  # a folder, a profile: not a backend's name
         'backend.name if backend is not None else "local"',
         'box.state == "running"',
+        "box.alerts or '-'",
     ],
 )
 def test_the_scan_leaves_other_code_alone(snippet: str) -> None:
@@ -213,3 +219,10 @@ def test_the_proxy_command_carries_what_the_backend_declares(
     assert 'proxy --backend kubernetes b1 --namespace "team a"\n' in text
     text = sshconfig.render([_box("local")], proxy_args=local.proxy_args)
     assert "proxy --backend local b1\n" in text
+
+
+def test_a_fixed_agent_port_is_local_only_and_refused_before_any_request() -> None:
+    """`devbox up --port` reaches the backend through its config, not the protocol's claim."""
+    kube = KubernetesBackend(config=Config(backend="kubernetes", port=2299))
+    with pytest.raises(UsageError, match="--port applies to the local backend only"):
+        kube.claim(BoxSpec())  # no kubeconfig here: a request would fail differently

@@ -50,10 +50,9 @@ def test_none_has_no_commands() -> None:
 
 
 def _box(multiplexer: str | None) -> Box:
-    extra = {} if multiplexer is None else {"multiplexer": multiplexer}
     return Box(
         name="bare", owner="u", backend="local", spec=BoxSpec(), state=BoxState.RUNNING,
-        extra=extra,
+        multiplexer=multiplexer or "",
     )  # fmt: skip
 
 

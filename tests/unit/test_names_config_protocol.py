@@ -68,7 +68,20 @@ def test_box_record_round_trip() -> None:
         state=BoxState.RUNNING,
         port=5,
         gpu_ids=("g0", "g1"),
+        place="devbox-b",
+        multiplexer="tmux",
+        alerts="nan:fc",
         extra={"pid": "1"},
     )
     assert Box.from_json(box.to_json()) == box
     assert box.idle_seconds(10.0) is None
+
+
+def test_a_record_an_earlier_devbox_wrote_keeps_its_session_kind() -> None:
+    """Box records on disk outlive an upgrade: the session's kind was among the extras."""
+    old = Box(name="b", owner="o", backend="local", spec=BoxSpec(), state=BoxState.RUNNING)
+    data = old.to_json()
+    del data["multiplexer"], data["place"], data["alerts"]
+    data["extra"] = {"pid": "7", "multiplexer": "none"}
+    box = Box.from_json(data)
+    assert box.multiplexer == "none" and box.extra == {"pid": "7"}

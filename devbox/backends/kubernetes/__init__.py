@@ -139,7 +139,7 @@ class KubernetesBackend:
         value = str(int(until)) if until > 0 else None
         with api.errors(c):
             c.rest.patch(
-                c.pods(box.extra.get("pod", name)),
+                c.pods(box.place or name),
                 {"metadata": {"annotations": {p.ANN_KEEP_UNTIL: value}}},
             )
         return self.get(name)
@@ -166,8 +166,8 @@ class KubernetesBackend:
 
     # --- claim ----------------------------------------------------------------------
 
-    def claim(self, spec: BoxSpec, *, name: str | None = None, port: int = 0) -> Box:
-        if port:
+    def claim(self, spec: BoxSpec, *, name: str | None = None) -> Box:
+        if self.config.port:
             raise UsageError("--port applies to the local backend only")
         owner_key = ensure_user_key()
         c = self.cluster
@@ -350,7 +350,7 @@ class KubernetesBackend:
             )
         box = self.get(name)
         with api.errors(self.cluster):
-            self._delete(box.extra["pod"], wait=True)
+            self._delete(box.place, wait=True)
         known_hosts.unpin(name)
         return True
 
@@ -369,7 +369,7 @@ class KubernetesBackend:
     def open_socket(self, box: Box) -> socket.socket:
         c = self.cluster
         return portforward.open_socket(
-            c.endpoint, namespace=c.namespace, pod=box.extra["pod"], port=p.SSH_PORT
+            c.endpoint, namespace=c.namespace, pod=box.place, port=p.SSH_PORT
         )
 
     def sync_root(self, box: Box) -> str | None:
@@ -378,9 +378,7 @@ class KubernetesBackend:
     def proxy_stdio(self, box: Box) -> bool:
         """`devbox proxy`: stdin/stdout straight onto the port-forward's WebSocket."""
         c = self.cluster
-        portforward.bridge_stdio(
-            c.endpoint, namespace=c.namespace, pod=box.extra["pod"], port=p.SSH_PORT
-        )
+        portforward.bridge_stdio(c.endpoint, namespace=c.namespace, pod=box.place, port=p.SSH_PORT)
         return True
 
     def proxy_args(self, box: Box) -> builtins.list[str]:

@@ -343,13 +343,10 @@ def to_box(pod: dict[str, Any], *, last_input: float = 0.0) -> Box:
         # box is its user's from the claim, so idle counts from there too (IDLE <= AGE).
         last_activity=max(last_input, claimed) if last_input else 0.0,
         reason=why,
-        extra={
-            "pod": meta["name"],
-            "namespace": meta.get("namespace", ""),
-            "node": spec.get("nodeName") or "",
-            # devbox.probe's model alerts, as the agent publishes them (`devbox ls`)
-            **({"alerts": ann[p.ANN_ALERTS]} if ann.get(p.ANN_ALERTS) else {}),
-        },
+        place=meta["name"],
+        # devbox.probe's model alerts, as the agent publishes them (`devbox ls`)
+        alerts=ann.get(p.ANN_ALERTS, ""),
+        extra={"namespace": meta.get("namespace", ""), "node": spec.get("nodeName") or ""},
     )
 
 

@@ -100,13 +100,13 @@ class LocalBackend:
             name = names.generate_name()
         return name
 
-    def claim(self, spec: BoxSpec, *, name: str | None = None, port: int = 0) -> Box:
+    def claim(self, spec: BoxSpec, *, name: str | None = None) -> Box:
         if name is not None:
             names.validate_name(name)
         owner_key = ensure_user_key()
         chosen = name or self._unused_name()
         with self.store.name_locked(chosen):
-            return self._claim(spec, chosen, owner_key=owner_key, port=port)
+            return self._claim(spec, chosen, owner_key=owner_key, port=self.config.port)
 
     def _claim(self, spec: BoxSpec, name: str, *, owner_key: str, port: int) -> Box:
         new_folder = self._reserve(spec, name)
@@ -152,7 +152,8 @@ class LocalBackend:
                 host_key=ready.host_key,
                 host_key_fingerprint=ready.fingerprint,
                 gpu_ids=ready.gpu_ids,
-                extra={"pid": str(ready.pid), "multiplexer": ready.multiplexer, "home": str(home)},
+                multiplexer=ready.multiplexer,
+                extra={"pid": str(ready.pid), "home": str(home)},
             )
             self.store.write(box)
         return box
@@ -190,12 +191,12 @@ class LocalBackend:
         return 0 if pid is None else len(keeper.descendants(pid))
 
     def _with_alerts(self, box: Box) -> Box:
-        """The probe's model alerts, as one short cell (extra["alerts"]) for `devbox ls`."""
+        """The probe's model alerts, as one short cell (Box.alerts) for `devbox ls`."""
         alerts = self.store.alerts(box.name)
         if not alerts:
             return box
         cell = protocol.alerts_cell(alerts)  # type: ignore[arg-type]
-        return dataclasses.replace(box, extra={**box.extra, "alerts": cell})
+        return dataclasses.replace(box, alerts=cell)
 
     def keep(self, name: str, *, until: float) -> Box:
         self.get(name)  # a clear error for a bad or unknown name
@@ -289,7 +290,7 @@ class LocalBackend:
             return False
         if purge:  # asked before anything is stopped: a "no" leaves the box as it was
             _confirm(confirm, f"the home of box {name} ({folder / 'home'})")
-        self._end_processes(name, mux_kind=box.extra.get("multiplexer", "") if box else "")
+        self._end_processes(name, mux_kind=box.multiplexer if box else "")
         _remove_probe_socket(folder / "home")
         self.store.remove(name)
         known_hosts.unpin(name)

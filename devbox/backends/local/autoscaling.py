@@ -106,7 +106,7 @@ class LocalWorld:
     def _tell(self, box: Box, text: str) -> None:
         """In the box's session, through its multiplexer, and in every other terminal of
         the box (an editor's, an `ssh -t`'s), which a session message never reaches."""
-        kind = box.extra.get("multiplexer", "")
+        kind = box.multiplexer
         path = shutil.which(kind) if kind in terminals.MULTIPLEXERS else None
         if path is not None:
             Multiplexer(kind, path).tell(box.name, text)
