@@ -19,7 +19,7 @@ import tty
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
-from devbox import paths
+from devbox import paths, protocol
 from devbox.boxes import Box
 from devbox.errors import DevboxError
 from devbox.ssh import openssh
@@ -183,13 +183,15 @@ async def interactive(conn: asyncssh.SSHClientConnection, command: str | None, b
 @contextlib.asynccontextmanager
 async def session(box: Box, sock: socket.socket) -> AsyncIterator[asyncssh.SSHClientConnection]:
     """An authenticated connection to `box` over `sock` for the body, closed after it.
-    Every way it fails is one DevboxError naming the box: connecting (see connect) or the
-    connection dropping."""
+    Every way it fails is one DevboxError naming the box: connecting (see connect), the
+    connection dropping, or the box sending a frame its type does not allow."""
     conn = await connect(box, sock)
     try:
         yield conn
     except (asyncssh.ConnectionLost, asyncssh.DisconnectError) as exc:
         raise DevboxError(f"lost the connection to box {box.name}: {exc.reason}") from None
+    except protocol.ProtocolError as exc:
+        raise DevboxError(f"box {box.name}: {exc.message}") from None
     finally:
         conn.close()
         # close() aborts the transport, so this is short: the connection's own callbacks

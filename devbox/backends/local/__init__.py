@@ -194,7 +194,7 @@ class LocalBackend:
         alerts = self.store.alerts(box.name)
         if not alerts:
             return box
-        cell = protocol.alerts_cell(alerts)  # type: ignore[arg-type]
+        cell = protocol.alerts_cell(alerts)
         return dataclasses.replace(box, extra={**box.extra, "alerts": cell})
 
     def keep(self, name: str, *, until: float) -> Box:

@@ -20,11 +20,11 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from devbox import private
+from devbox import private, protocol
 from devbox.boxes import Box
 from devbox.errors import StateError
 from devbox.locks import lock_held
-from devbox.protocol import PROBE_POINTER_FILE, Activity, last_use
+from devbox.protocol import PROBE_POINTER_FILE, Activity, ProbeAlert, last_use
 
 RECORD = "box.json"
 # What a box folder holds besides its home; an older devbox left them 0644.
@@ -168,14 +168,13 @@ class BoxStore:
             return 0.0, 0
         return last_use(activity), activity["clients"]
 
-    def alerts(self, name: str) -> list[dict[str, object]]:
+    def alerts(self, name: str) -> list[ProbeAlert]:
         """The probe's alerts in the box, first raised first; [] when none or unreadable."""
         try:
             data = json.loads((self.box_dir(name) / "alerts.json").read_text())
-            alerts = data["alerts"]
-        except (OSError, ValueError, KeyError, TypeError):
+            return protocol.alerts(data["alerts"])
+        except (OSError, ValueError, KeyError, TypeError):  # ProtocolError is a ValueError
             return []
-        return [a for a in alerts if isinstance(a, dict)] if isinstance(alerts, list) else []
 
 
 def _pid(path: Path) -> int | None:
