@@ -69,6 +69,10 @@ READY = "ready"
 ERROR = "error"
 HELLO = "hello"
 
+# In every session the agent starts: the box's name. It marks the box's processes too
+# (agent/host.py counts those that carry it), and names the box to `devbox keep` in it.
+BOX_ENV = "DEVBOX_BOX"
+
 
 # --- Telemetry. A client opens the SSH subsystem TELEMETRY_SUBSYSTEM on the box's own
 # authenticated connection and sends one SUBSCRIBE frame; the agent answers HELLO, then
@@ -428,7 +432,8 @@ def _at(key: str, check: _Check, value: object) -> None:
 
 # --- Kubernetes: the labels and annotations through which the backend and an in-cluster
 # agent talk (the API server is the channel; no extra port, no CRD).
-LABEL_MANAGED = "app.kubernetes.io/managed-by"  # = "devbox" on every box pod
+LABEL_MANAGED = "app.kubernetes.io/managed-by"
+MANAGED_BY = "devbox"  # LABEL_MANAGED of all devbox makes: pods, Leases, the homes claim
 LABEL_BOX = "devbox.io/box"
 LABEL_OWNER = "devbox.io/owner"
 LABEL_PROFILE = "devbox.io/profile"

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from devbox import cli, connect, protocol
-from devbox.backends.local.store import BoxStore
+from devbox.backends.local.store import ALERTS_FILE, BoxStore
 from devbox.boxes import Box, BoxSpec, BoxState
 from devbox.errors import DevboxError
 from devbox.protocol import Frame
@@ -118,9 +118,9 @@ def test_malformed_alerts_are_one_line_and_the_local_store_shows_none(tmp_path: 
     store = BoxStore(tmp_path)
     folder = store.box_dir("b")
     folder.mkdir(parents=True)
-    (folder / "alerts.json").write_text('{"alerts": [{"kind": "nan"}]}')
+    (folder / ALERTS_FILE).write_text('{"alerts": [{"kind": "nan"}]}')
     assert store.alerts("b") == []  # `devbox ls` shows no alert rather than failing
-    (folder / "alerts.json").write_text(f'{{"alerts": [{json.dumps(ALERT)}]}}')
+    (folder / ALERTS_FILE).write_text(f'{{"alerts": [{json.dumps(ALERT)}]}}')
     assert store.alerts("b") == [ALERT]
 
 
