@@ -140,7 +140,7 @@ async def start_link(agent: Agent, args: argparse.Namespace, *, host_line: str) 
         if (args.processes or "all") == "all":
             box = table.every()
         else:
-            box = table.below([os.getpid(), *table.marked(f"DEVBOX_BOX={agent.box.name}")])
+            box = table.below([os.getpid(), *table.marked(f"{protocol.BOX_ENV}={agent.box.name}")])
         programs = terminals.multiplexer_programs(*([mux.path] if mux.path else []))
         told = terminals.tell(text, table=table, box=box, multiplexers=programs)
         log.info("told the session and %d other terminal(s): %s", told, text)

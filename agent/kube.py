@@ -122,7 +122,7 @@ class PodLink:
         body: dict[str, Any] = {
             "metadata": {
                 "name": self.pod,
-                "labels": {protocol.LABEL_MANAGED: "devbox", protocol.LABEL_BOX: box},
+                "labels": {protocol.LABEL_MANAGED: protocol.MANAGED_BY, protocol.LABEL_BOX: box},
                 "annotations": protocol.activity_annotations(activity),
                 "ownerReferences": [
                     {"apiVersion": "v1", "kind": "Pod", "name": self.pod, "uid": self._uid}

@@ -373,7 +373,7 @@ def _telemetry(
             # In a pod the device plugin chose what the container sees: all of it is ours.
             gpu_uuids=None if args.pod else gpu_uuids,
             root_pid=os.getpid(),
-            box_marker=("DEVBOX_BOX", args.name),
+            box_marker=(protocol.BOX_ENV, args.name),
             all_processes=everything,
         ),
     )

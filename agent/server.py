@@ -27,7 +27,7 @@ from agent.sftp import SFTPServer
 from agent.telemetry import Telemetry
 from devbox import protocol
 from devbox.boxes import Multiplexer
-from devbox.runs.record import RUNS_ENV
+from devbox.runs.record import MULTIPLEXER_ENV, PYTHON_ENV, RUNS_ENV, RUNS_FOLDER
 
 log = logging.getLogger("devbox.agent")
 
@@ -139,7 +139,7 @@ class Agent:
             USER=self._user.pw_name,
             LOGNAME=self._user.pw_name,
             SHELL=self.login_shell,
-            DEVBOX_BOX=self.box.name,
+            **{protocol.BOX_ENV: self.box.name},
             HOME=self.session_home,
         )
         env.setdefault("PATH", "/usr/local/bin:/usr/bin:/bin")
@@ -171,15 +171,15 @@ class Agent:
 
     @property
     def runs_dir(self) -> Path:
-        return self.box.home / ".devbox/runs"
+        return self.box.home / RUNS_FOLDER
 
     def run_env(self) -> dict[str, str]:
         """What `devbox run`'s in-box helper needs: this interpreter (which has devbox,
         whatever PATH says), the box's runs folder, and the multiplexer of its session."""
         return {
-            "DEVBOX_PYTHON": sys.executable,
+            PYTHON_ENV: sys.executable,
             RUNS_ENV: str(self.runs_dir),
-            "DEVBOX_MULTIPLEXER": self.box.multiplexer.kind,
+            MULTIPLEXER_ENV: self.box.multiplexer.kind,
         }
 
     def sftp_server(self, chan: asyncssh.SSHServerChannel[bytes]) -> SFTPServer:

@@ -1,10 +1,10 @@
 """The one session service: from parsed arguments to a backend, and from a box to a socket,
 an SSH session or a connect-only probe, with connection failures said in one line.
 
-Every command that reaches into a box goes through here: `devbox up`/`ssh`/`proxy`/`stats`/
-`probe` (devbox.commands), `devbox run` and its siblings (devbox.runs), and the dashboard
-(tui.feed). The SSH clients themselves stay in devbox.ssh; this module picks one and says
-what went wrong. It imports neither asyncssh nor the official Kubernetes client at import.
+Every command that reaches into a box goes through here: the handlers in devbox.commands,
+the laptop side of `devbox run` (devbox.runs), and the dashboard (tui.feed). The SSH
+clients themselves stay in devbox.ssh; this module picks one and says what went wrong. It
+imports neither asyncssh nor the official Kubernetes client at import.
 """
 
 from __future__ import annotations

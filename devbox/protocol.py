@@ -9,20 +9,27 @@ that one stream only.
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import json
 import re
+import types
+import typing
 import unicodedata
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NotRequired, TypedDict
+from typing import Any, NotRequired, TypedDict, cast
+
+from devbox.errors import DevboxError
 
 VERSION = 1
 # A frame larger than this is malformed; it bounds what one bad peer can make us buffer.
 MAX_FRAME_BYTES = 1 << 20
 
 
-class ProtocolError(ValueError):
-    """A frame that cannot be decoded; the stream that carried it is closed."""
+class ProtocolError(DevboxError, ValueError):
+    """A frame that cannot be decoded, or whose body is not what its type says; the stream
+    that carried it is closed. A DevboxError: a client that meets one says so in one line."""
 
 
 @dataclass(frozen=True)
@@ -53,9 +60,6 @@ def decode(line: bytes) -> Frame:
     version, frame_type = data.pop("v", None), data.pop("type", None)
     if not isinstance(version, int) or not isinstance(frame_type, str):
         raise ProtocolError("frame lacks an integer 'v' and a string 'type'")
-    if version > VERSION:
-        # Readers accept newer minor additions as long as the major shape is ours.
-        pass
     return Frame(type=frame_type, body=data, v=version)
 
 
@@ -64,6 +68,10 @@ def decode(line: bytes) -> Frame:
 READY = "ready"
 ERROR = "error"
 HELLO = "hello"
+
+# In every session the agent starts: the box's name. It marks the box's processes too
+# (agent/host.py counts those that carry it), and names the box to `devbox keep` in it.
+BOX_ENV = "DEVBOX_BOX"
 
 
 # --- Telemetry. A client opens the SSH subsystem TELEMETRY_SUBSYSTEM on the box's own
@@ -268,9 +276,164 @@ class ProbeReply(TypedDict):
     path: NotRequired[str]
 
 
+class _HistoryBody(TypedDict):
+    samples: list[Sample]
+
+
+# --- Typed bodies. A reader takes a frame's body as its TypedDict through these decoders
+# only: each checks the frame's type, then every key the TypedDict requires and the type it
+# declares for every key present, nested ones too (keys it does not declare are a newer
+# peer's and pass), and raises ProtocolError with the first thing wrong. So mypy follows a
+# change of a TypedDict into every reader, and a bad peer gets one line, not a KeyError.
+
+
+def sample(frame: Frame) -> Sample:
+    return cast(Sample, _checked(frame, SAMPLE, Sample))
+
+
+def history(frame: Frame) -> list[Sample]:
+    return cast(_HistoryBody, _checked(frame, HISTORY, _HistoryBody))["samples"]
+
+
+def probe_stats(frame: Frame) -> ProbeStats:
+    return cast(ProbeStats, _checked(frame, PROBE_STATS, ProbeStats))
+
+
+def probe_request(frame: Frame) -> ProbeRequest:
+    return cast(ProbeRequest, _checked(frame, PROBE_REQUEST, ProbeRequest))
+
+
+def probe_reply(frame: Frame) -> ProbeReply:
+    return cast(ProbeReply, _checked(frame, PROBE_REPLY, ProbeReply))
+
+
+def alerts(value: object) -> list[ProbeAlert]:
+    """The probe's alerts as the agent publishes them for a local box (its alerts file)."""
+    try:
+        _check(list[ProbeAlert])(value)
+    except _Mismatch as bad:
+        raise ProtocolError(f"malformed alerts: {bad}") from None
+    return cast(list[ProbeAlert], value)
+
+
+def _checked(frame: Frame, frame_type: str, shape: object) -> dict[str, Any]:
+    if frame.type != frame_type:
+        raise ProtocolError(f"expected a {frame_type} frame, got {frame.type}")
+    try:
+        _check(shape)(frame.body)
+    except _Mismatch as bad:
+        raise ProtocolError(f"malformed {frame_type} frame: {bad}") from None
+    return frame.body
+
+
+class _Mismatch(Exception):
+    """Raised deep inside a body; each level on the way out adds its key or index."""
+
+    def __init__(self, problem: str, *path: str) -> None:
+        self.problem, self.path = problem, list(path)
+
+    def __str__(self) -> str:
+        where = "".join(reversed(self.path)).lstrip(".")
+        return f"{where} {self.problem}" if where else self.problem
+
+
+_Check = Callable[[object], None]
+# What each scalar hint admits, by exact type (as Python's json module makes them): true is
+# no number. How a value is named in a message is JSON's word for its type.
+_SCALARS: dict[object, tuple[tuple[type, ...], str]] = {
+    int: ((int,), "an integer"),
+    float: ((int, float), "a number"),
+    str: ((str,), "a string"),
+    bool: ((bool,), "true or false"),
+    type(None): ((type(None),), "null"),
+}
+_KINDS = {int: "an integer", float: "a number", str: "a string", bool: "a boolean",
+          type(None): "null", list: "a list", dict: "an object"}  # fmt: skip
+
+
+def _kind(value: object) -> str:
+    return _KINDS.get(type(value), type(value).__name__)
+
+
+def _scalar(hint: object) -> tuple[tuple[type, ...], str] | None:
+    """The exact types a scalar hint (`int`, `float | None`) admits and how to say them;
+    None for a list or a TypedDict."""
+    options = typing.get_args(hint) if isinstance(hint, types.UnionType) else (hint,)
+    if not all(o in _SCALARS for o in options):
+        return None
+    admitted = tuple(t for o in options for t in _SCALARS[o][0])
+    return admitted, " or ".join(_SCALARS[o][1] for o in options)
+
+
+@functools.cache
+def _check(hint: object) -> _Check:
+    """A check of a value against a type of the TypedDicts above, built once per type: the
+    TUI checks every sample of every box it shows (about 30 us for one of 8 GPUs)."""
+    scalar = _scalar(hint)
+    if scalar is not None:
+        admitted, expected = scalar
+
+        def one(value: object) -> None:
+            if type(value) not in admitted:
+                raise _Mismatch(f"is {_kind(value)}, not {expected}")
+
+        return one
+    if typing.get_origin(hint) is list:
+        (item,) = typing.get_args(hint)
+        check_item = _check(item)
+
+        def items(value: object) -> None:
+            if type(value) is not list:
+                raise _Mismatch(f"is {_kind(value)}, not a list")
+            for i, x in enumerate(value):
+                try:
+                    check_item(x)
+                except _Mismatch as bad:
+                    bad.path.append(f"[{i}]")
+                    raise
+
+        return items
+    return _check_typed_dict(hint)
+
+
+def _check_typed_dict(shape: object) -> _Check:
+    hints = typing.get_type_hints(shape, include_extras=True)
+    # Under `from __future__ import annotations` Python 3.11 counts NotRequired keys as
+    # required in __required_keys__: the hints themselves say which are optional.
+    required = frozenset(k for k, h in hints.items() if typing.get_origin(h) is not NotRequired)
+    fields = {k: typing.get_args(h)[0] if k not in required else h for k, h in hints.items()}
+    # Scalars are checked inline (most keys are), the rest through their own check.
+    flat = [(k, s[0]) for k, h in fields.items() if (s := _scalar(h)) is not None]
+    nested = [(k, _check(h)) for k, h in fields.items() if _scalar(h) is None]
+
+    def typed_dict(value: object) -> None:
+        if type(value) is not dict:
+            raise _Mismatch(f"is {_kind(value)}, not an object")
+        missing = required - value.keys()
+        if missing:
+            raise _Mismatch("is missing", f".{min(missing)}")
+        for key, admitted in flat:
+            if key in value and type(value[key]) not in admitted:
+                _at(key, _check(fields[key]), value[key])  # raises, saying what is wrong
+        for key, check in nested:
+            if key in value:
+                _at(key, check, value[key])
+
+    return typed_dict
+
+
+def _at(key: str, check: _Check, value: object) -> None:
+    try:
+        check(value)
+    except _Mismatch as bad:
+        bad.path.append(f".{key}")
+        raise
+
+
 # --- Kubernetes: the labels and annotations through which the backend and an in-cluster
 # agent talk (the API server is the channel; no extra port, no CRD).
-LABEL_MANAGED = "app.kubernetes.io/managed-by"  # = "devbox" on every box pod
+LABEL_MANAGED = "app.kubernetes.io/managed-by"
+MANAGED_BY = "devbox"  # LABEL_MANAGED of all devbox makes: pods, Leases, the homes claim
 LABEL_BOX = "devbox.io/box"
 LABEL_OWNER = "devbox.io/owner"
 LABEL_PROFILE = "devbox.io/profile"

@@ -230,12 +230,12 @@ class ModelView:
             self.processes.setdefault(pid, "")
             raised = body.get("alerts") or []
             if raised:
-                self.alerts += [{**a, "pid": pid} for a in raised]  # type: ignore[typeddict-item]
+                self.alerts += [{**a, "pid": pid} for a in protocol.probe_stats(frame)["alerts"]]
                 del self.alerts[:-ALERTS]
             else:  # a healthy report: alerts of processes that ended are not current (as the hub)
                 self.alerts = [a for a in self.alerts if a.get("pid") in self.processes]
             if body.get("watched"):
-                self.stats[pid] = body  # type: ignore[assignment]
+                self.stats[pid] = protocol.probe_stats(frame)
                 layers: builtins.list[LayerStats] = body.get("layers") or []
                 for s in layers:
                     points = self.grad_history.setdefault(
@@ -295,7 +295,7 @@ class Store:
         if frame.type == protocol.HISTORY:
             view.add_history(frame.body.get("samples", []))
         elif frame.type == protocol.SAMPLE:
-            view.add(frame.body)  # type: ignore[arg-type]
+            view.add(protocol.sample(frame))
             self._count_runs(name, frame.body.get("activity", {}).get("runs"))
         view.link = "live"
         self.dirty.add(name)

@@ -78,7 +78,7 @@ _bins = _number("bins", int, low=1, high=1000)
 _pid = _number("pid", int, low=1, high=float("inf"))
 
 # What a TAB offers for an argument's value, marked where the argument is defined so the
-# grammar is written once (devbox.completion reads the marks): your boxes' names, or the run
+# grammar is written once (devbox.cli.completion reads the marks): your boxes' names, or the run
 # ids of the box named before it. Choices and subcommands need no mark.
 BOX_NAME = "box name"
 RUN_ID = "run id"

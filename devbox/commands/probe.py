@@ -87,7 +87,7 @@ def _ask(
         if as_json:
             print(json.dumps(frame.body), flush=True)
         else:
-            reply: protocol.ProbeReply = frame.body  # type: ignore[assignment]
+            reply = protocol.probe_reply(frame)
             sys.stdout.write(probe_view.render_reply(reply, request=dict(request)))
         return False
 
@@ -130,7 +130,7 @@ def _follow(box: Box, args: argparse.Namespace, *, watch: bool) -> Callable[[pro
         if args.json:
             print(json.dumps(body), flush=True)
         elif body.get("layers") or body.get("alerts"):
-            stats: protocol.ProbeStats = body  # type: ignore[assignment]
+            stats = protocol.probe_stats(frame)
             text = probe_view.render(box.name, stats, cmd=commands.get(int(pid or 0), ""))
             sys.stdout.write(("\x1b[H\x1b[2J" if clear else "") + text)
             sys.stdout.flush()

@@ -36,7 +36,7 @@ def stats(args: argparse.Namespace) -> int:
             print(json.dumps(frame.body), flush=True)
         else:
             # A terminal gets the newest sample in place of the last, as `watch` does.
-            text = render(box.name, frame.body)  # type: ignore[arg-type]
+            text = render(box.name, protocol.sample(frame))
             sys.stdout.write(("\x1b[H\x1b[2J" if clear and watch else "") + text)
             sys.stdout.flush()
         shown += 1

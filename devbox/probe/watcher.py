@@ -368,12 +368,17 @@ class Watcher:
         if frame.type == protocol.PROBE_CONTROL:
             self.watching = bool(frame.body.get("watching"))
         elif frame.type == protocol.PROBE_REQUEST:
-            request: ProbeRequest = frame.body  # type: ignore[assignment]
+            try:
+                request = protocol.probe_request(frame)
+            except protocol.ProtocolError as exc:
+                # Answered all the same: the asker waits for its id, not for a timeout.
+                self.link.submit(replies.error(frame.body.get("id", 0), self.step, exc.message))
+                return
             error = replies.check(request, self.names)
             if error is None:
                 self._requests.append(request)
                 return
-            self.link.submit(replies.error(request.get("id", 0), self.step, error))
+            self.link.submit(replies.error(request["id"], self.step, error))
 
     # --- requests ---------------------------------------------------------------------
 

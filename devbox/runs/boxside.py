@@ -30,13 +30,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import NoReturn
 
-from devbox import private
+from devbox import private, protocol
 from devbox.boxes import LOGIN_WINDOW, TMUX_SESSION, session_name
 from devbox.runs import record
 
-# Set by the agent for every session (agent/server.py).
-PYTHON_ENV = "DEVBOX_PYTHON"
-MULTIPLEXER_ENV = "DEVBOX_MULTIPLEXER"
 KILL_GRACE_SECONDS = 10.0
 START_TIMEOUT_SECONDS = 15.0
 # A followed log is polled (the standard library has no inotify): every 10 ms for the first
@@ -56,7 +53,7 @@ def _bad(message: str) -> NoReturn:
 
 
 def _box() -> str:
-    return os.environ.get("DEVBOX_BOX", "")
+    return os.environ.get(protocol.BOX_ENV, "")
 
 
 def _find(root: Path, run_id: str) -> record.Run:
@@ -170,7 +167,7 @@ def start(root: Path, spec_text: str, *, follow: bool) -> int:
     cwd = (Path.cwd() / cwd).resolve()
     if not cwd.is_dir():
         _bad(f"no folder {cwd} in box {_box()}")
-    kind = os.environ.get(MULTIPLEXER_ENV, "none")
+    kind = os.environ.get(record.MULTIPLEXER_ENV, "none")
     # 0700: a run's command line, record and log are nobody else's (and in a box on a
     # shared workstation, tightened from an older 0755 tree).
     root.mkdir(mode=0o700, parents=True, exist_ok=True)

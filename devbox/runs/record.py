@@ -26,7 +26,13 @@ from typing import Any
 from devbox import private
 from devbox.locks import lock_held  # the wrapper's lock is probed as the agent's is
 
+# What the agent gives every session for `devbox run` (agent/server.py): the runs' folder
+# (RUNS_FOLDER under the box's home), the interpreter that has devbox whatever PATH says,
+# and the multiplexer of the box's sessions.
 RUNS_ENV = "DEVBOX_RUNS_DIR"
+RUNS_FOLDER = ".devbox/runs"
+PYTHON_ENV = "DEVBOX_PYTHON"
+MULTIPLEXER_ENV = "DEVBOX_MULTIPLEXER"
 # Short enough to type; no look-alike characters (0/o, 1/l/i).
 _ALPHABET = "abcdefghjkmnpqrstuvwxyz23456789"
 ID_LENGTH = 4
@@ -55,7 +61,7 @@ def valid_id(run_id: str) -> bool:
 
 
 def default_dir() -> Path:
-    return Path(os.environ.get(RUNS_ENV) or Path.home() / ".devbox/runs")
+    return Path(os.environ.get(RUNS_ENV) or Path.home() / RUNS_FOLDER)
 
 
 @dataclass(frozen=True, kw_only=True)

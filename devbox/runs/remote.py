@@ -10,11 +10,11 @@ import subprocess
 from devbox.backends.base import Backend
 from devbox.boxes import Box
 from devbox.errors import DevboxError, UsageError
-from devbox.runs.record import Run
+from devbox.runs.record import PYTHON_ENV, Run
 
-# The agent gives every session DEVBOX_PYTHON: the interpreter that has devbox, whatever
-# the box's PATH says. python3 is for agents older than `devbox run`.
-HELPER = '"${DEVBOX_PYTHON:-python3}" -m devbox.runs.boxside'
+# The agent gives every session PYTHON_ENV: the interpreter that has devbox, whatever the
+# box's PATH says. python3 is for agents older than `devbox run`.
+HELPER = f'"${{{PYTHON_ENV}:-python3}}" -m devbox.runs.boxside'
 
 
 def helper_command(*words: str) -> str:

@@ -16,10 +16,10 @@ import sys
 import termios
 import threading
 import tty
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
-from devbox import paths
+from devbox import paths, protocol
 from devbox.boxes import Box
 from devbox.errors import DevboxError
 from devbox.ssh import openssh
@@ -180,12 +180,32 @@ async def interactive(conn: asyncssh.SSHClientConnection, command: str | None, b
     return _exit_status(process, box)
 
 
+@contextlib.asynccontextmanager
+async def session(box: Box, sock: socket.socket) -> AsyncIterator[asyncssh.SSHClientConnection]:
+    """An authenticated connection to `box` over `sock` for the body, closed after it.
+    Every way it fails is one DevboxError naming the box: connecting (see connect), the
+    connection dropping, or the box sending a frame its type does not allow."""
+    conn = await connect(box, sock)
+    try:
+        yield conn
+    except (asyncssh.ConnectionLost, asyncssh.DisconnectError) as exc:
+        raise DevboxError(f"lost the connection to box {box.name}: {exc.reason}") from None
+    except protocol.ProtocolError as exc:
+        raise DevboxError(f"box {box.name}: {exc.message}") from None
+    finally:
+        conn.close()
+        # close() aborts the transport, so this is short: the connection's own callbacks
+        # run before asyncio.run closes the loop.
+        with contextlib.suppress(Exception):
+            await conn.wait_closed()
+
+
 def probe(box: Box, sock: socket.socket) -> None:
     """Connect and authenticate, run nothing: raises the one-line DevboxError of a failure."""
 
     async def main() -> None:
-        conn = await connect(box, sock)
-        conn.close()
+        async with session(box, sock):
+            pass
 
     asyncio.run(main())
 
@@ -194,35 +214,23 @@ def run(box: Box, sock: socket.socket, command: str | None, *, interactive_: boo
     """Connect to `box` over `sock` and run `command` (None: the persistent session)."""
 
     async def main() -> int:
-        conn = await connect(box, sock)
-        try:
+        async with session(box, sock) as conn:
             if interactive_:
                 return await interactive(conn, command, box.name)
             return await run_command(conn, command, box.name)
-        finally:
-            conn.close()
 
-    try:
-        return asyncio.run(main())
-    except (asyncssh.ConnectionLost, asyncssh.DisconnectError) as exc:
-        raise DevboxError(f"lost the connection to box {box.name}: {exc.reason}") from None
+    return asyncio.run(main())
 
 
 def capture(box: Box, sock: socket.socket, command: str) -> tuple[int, bytes, bytes]:
     """Run `command` with no input; its exit status, stdout and stderr (`devbox runs`)."""
 
     async def main() -> tuple[int, bytes, bytes]:
-        conn = await connect(box, sock)
-        try:
+        async with session(box, sock) as conn:
             result = await conn.run(command, encoding=None, stdin=asyncssh.DEVNULL)
-        finally:
-            conn.close()
         out, err = result.stdout or b"", result.stderr or b""
         status = result.exit_status if result.exit_status is not None else 255
         assert isinstance(out, bytes) and isinstance(err, bytes)  # encoding=None
         return status, out, err
 
-    try:
-        return asyncio.run(main())
-    except (asyncssh.ConnectionLost, asyncssh.DisconnectError) as exc:
-        raise DevboxError(f"lost the connection to box {box.name}: {exc.reason}") from None
+    return asyncio.run(main())

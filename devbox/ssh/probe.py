@@ -4,7 +4,6 @@ on the box's own authenticated connection; requests go up the same channel."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import socket
 from collections.abc import AsyncIterator, Callable, Sequence
 
@@ -14,7 +13,7 @@ from devbox.errors import DevboxError
 from devbox.protocol import ProbeRequest
 from devbox.ssh import frames as frames_mod
 from devbox.ssh._asyncssh import asyncssh
-from devbox.ssh.client import connect
+from devbox.ssh.client import session
 
 WINDOW = 256 * 1024  # as telemetry: a slow reader is felt at once and skips to the newest
 _KINDS = (protocol.HELLO, protocol.PROBE_STATS, protocol.PROBE_REPLY, protocol.PROBE_GONE)
@@ -67,15 +66,10 @@ def stream(
     whole exchange (None: until ctrl-c)."""
 
     async def follow() -> None:
-        conn = await connect(box, sock)
-        try:
+        async with session(box, sock) as conn:
             async for frame in frames(conn, box.name, requests=requests):
                 if not on_frame(frame):
                     return
-        finally:
-            conn.close()
-            with contextlib.suppress(Exception):
-                await conn.wait_closed()
 
     async def main() -> None:
         try:
@@ -83,7 +77,4 @@ def stream(
         except TimeoutError:
             raise DevboxError(f"box {box.name}: no {waiting_for} within {timeout:g} s") from None
 
-    try:
-        asyncio.run(main())
-    except (asyncssh.ConnectionLost, asyncssh.DisconnectError) as exc:
-        raise DevboxError(f"lost the connection to box {box.name}: {exc.reason}") from None
+    asyncio.run(main())

@@ -17,7 +17,7 @@ from pathlib import Path
 from devbox.boxes import Box
 from devbox.errors import DevboxError
 from devbox.ssh._asyncssh import asyncssh
-from devbox.ssh.client import connect
+from devbox.ssh.client import session
 
 PARALLEL = 16
 
@@ -73,15 +73,10 @@ def push(box: Box, sock: socket.socket, root: Path, files: Sequence[str], dest: 
     home); returns the paths sent."""
 
     async def main() -> list[str]:
-        conn = await connect(box, sock)
-        try:
-            return await _push(conn, root, files, dest)
-        finally:
-            conn.close()
+        async with session(box, sock) as conn:
+            try:
+                return await _push(conn, root, files, dest)
+            except asyncssh.SFTPError as exc:
+                raise DevboxError(f"syncing to box {box.name} failed: {exc.reason}") from None
 
-    try:
-        return asyncio.run(main())
-    except asyncssh.SFTPError as exc:
-        raise DevboxError(f"syncing to box {box.name} failed: {exc.reason}") from None
-    except (asyncssh.ConnectionLost, asyncssh.DisconnectError) as exc:
-        raise DevboxError(f"lost the connection to box {box.name}: {exc.reason}") from None
+    return asyncio.run(main())

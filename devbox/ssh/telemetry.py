@@ -9,10 +9,9 @@ from collections.abc import AsyncIterator, Callable
 
 from devbox import protocol
 from devbox.boxes import Box
-from devbox.errors import DevboxError
 from devbox.ssh import frames as frames_mod
 from devbox.ssh._asyncssh import asyncssh
-from devbox.ssh.client import connect
+from devbox.ssh.client import session
 
 # A telemetry channel needs no large window: a small one makes the agent feel a slow
 # reader at once (it then skips to the newest sample) instead of filling megabytes.
@@ -48,17 +47,9 @@ def stream(
     """Connect and feed frames to `on_frame` until it returns False."""
 
     async def main() -> None:
-        conn = await connect(box, sock)
-        try:
+        async with session(box, sock) as conn:
             async for frame in frames(conn, box.name, rate=rate, history=history):
                 if not on_frame(frame):
                     return
-        finally:
-            conn.close()
 
-    try:
-        asyncio.run(main())
-    except (asyncssh.ConnectionLost, asyncssh.DisconnectError) as exc:
-        raise DevboxError(f"lost the connection to box {box.name}: {exc.reason}") from None
-    except asyncssh.ChannelOpenError as exc:
-        raise DevboxError(f"box {box.name} refused the telemetry stream: {exc.reason}") from None
+    asyncio.run(main())

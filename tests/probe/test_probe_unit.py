@@ -265,6 +265,36 @@ def test_update_ratio_of_a_large_layer_from_its_sample(short_tmp: Path) -> None:
         assert got[step] == pytest.approx(want, rel=0.05), step
 
 
+def test_a_malformed_request_is_answered_with_what_is_wrong(short_tmp: Path) -> None:
+    """A request the probe-request type does not allow (bins as text) gets an error reply
+    with its id at once: the asker is not left to time out."""
+    require_torch()
+    import torch
+
+    from devbox import probe
+
+    path = str(short_tmp / "p.sock")
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(path)
+    server.listen()
+    model = torch.nn.Sequential(torch.nn.Linear(4, 2))
+    watcher = probe.watch(model, every=1, find_socket=lambda: path)
+    conn, _ = server.accept()
+    reader = conn.makefile("rb")
+    assert protocol.decode(reader.readline()).type == protocol.PROBE_HELLO
+    request = {"id": 7, "kind": "histogram", "layer": "0", "tensor": "activation", "bins": "9"}
+    conn.sendall(protocol.encode(protocol.PROBE_REQUEST, **request))
+    reply = protocol.probe_reply(protocol.decode(reader.readline()))
+    assert (reply["id"], reply.get("error")) == (
+        7,
+        "malformed probe-request frame: bins is a string, not an integer",
+    )
+    watcher.close()
+    reader.close()
+    conn.close()
+    server.close()
+
+
 def test_without_torch_the_probe_says_it_needs_torch() -> None:
     code = (
         "import sys; sys.modules['torch'] = None\n"

@@ -137,9 +137,15 @@ def test_alerts_of_a_finished_run_give_way_to_the_next(user: User, trainers: Any
     model = ModelView()
     model.add(hello)
     nan = {"kind": "nan", "layer": "fc", "step": 3, "message": "NaN"}
-    model.add(protocol.Frame(protocol.PROBE_STATS, {"pid": 1, "watched": False, "alerts": [nan]}))
-    model.add(protocol.Frame(protocol.PROBE_STATS, {"pid": 2, "watched": False, "alerts": []}))
+
+    def heartbeat(pid: int, *alerts: object) -> protocol.Frame:
+        # As devbox.probe sends one while nobody watches: alerts only, no layers.
+        body = {"pid": pid, "step": 3, "t": 0.0, "watched": False, "layers": []}
+        return protocol.Frame(protocol.PROBE_STATS, {**body, "alerts": list(alerts)})
+
+    model.add(heartbeat(1, nan))
+    model.add(heartbeat(2))
     assert [a["pid"] for a in model.alerts] == [1]
     model.add(protocol.Frame(protocol.PROBE_GONE, {"pid": 1}))
-    model.add(protocol.Frame(protocol.PROBE_STATS, {"pid": 2, "watched": False, "alerts": []}))
+    model.add(heartbeat(2))
     assert model.alerts == []

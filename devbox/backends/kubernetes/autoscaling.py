@@ -250,7 +250,7 @@ class KubeWorld:
     def save_state(self, text: str) -> None:
         c = self.cluster
         body = {
-            "metadata": {"name": STATE_CONFIG_MAP, "labels": {p.LABEL_MANAGED: "devbox"}},
+            "metadata": {"name": STATE_CONFIG_MAP, "labels": {p.LABEL_MANAGED: p.MANAGED_BY}},
             "data": {STATE_KEY: text},
         }
         with api.errors(c):

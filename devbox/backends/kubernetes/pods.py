@@ -17,7 +17,7 @@ from devbox.config import Config
 
 HOMES_CLAIM = "devbox-homes"
 GPU = "nvidia.com/gpu"
-MANAGED = f"{p.LABEL_MANAGED}=devbox"
+MANAGED = f"{p.LABEL_MANAGED}={p.MANAGED_BY}"
 LABEL_GPUS = "devbox.io/gpus"
 # A short hash of everything that makes one box pod unlike another (shape()): a claim
 # takes only a warm pod of the shape it asked for, so a profile changed by the
@@ -44,7 +44,7 @@ def homes_claim(config: Config) -> dict[str, Any]:
     return {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
-        "metadata": {"name": HOMES_CLAIM, "labels": {p.LABEL_MANAGED: "devbox"}},
+        "metadata": {"name": HOMES_CLAIM, "labels": {p.LABEL_MANAGED: p.MANAGED_BY}},
         "spec": spec,
     }
 
@@ -78,7 +78,7 @@ def box_pod(
     """A box pod; without an owner it is an unclaimed warm pod of the profile's pool."""
     warm = owner is None
     labels = {
-        p.LABEL_MANAGED: "devbox",
+        p.LABEL_MANAGED: p.MANAGED_BY,
         p.LABEL_PROFILE: label_value(spec.profile),
         p.LABEL_STATE: "warm" if warm else "claimed",
         p.LABEL_BOX: box,

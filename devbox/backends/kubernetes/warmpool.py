@@ -243,7 +243,7 @@ def waiting_for_gpus(pod: dict[str, Any]) -> policy.PendingPod | None:
     labels = meta.get("labels") or {}
     if meta.get("deletionTimestamp") or spec.get("nodeName"):
         return None
-    if labels.get(p.LABEL_MANAGED) == "devbox" and labels.get(p.LABEL_STATE) == "warm":
+    if labels.get(p.LABEL_MANAGED) == p.MANAGED_BY and labels.get(p.LABEL_STATE) == "warm":
         return None  # a warm pod waiting for GPUs is no reason to drop another
     gpus = pods.gpus_requested(pod)
     if not gpus:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from devbox import names, paths, private, profiles, protocol
 from devbox.backends.local import keeper
 from devbox.backends.local.launcher import END_TIMEOUT, Ready, start_agent
-from devbox.backends.local.store import BoxStore
+from devbox.backends.local.store import AUTHORIZED_KEY, HOME, HOST_KEY, BoxStore
 from devbox.boxes import Box, BoxSpec, BoxState, Multiplexer
 from devbox.config import Config
 from devbox.errors import DevboxError, ResourceError, StateError, UsageError
@@ -112,9 +112,9 @@ class LocalBackend:
         new_folder = self._reserve(spec, name)
         folder = self.store.box_dir(name)
         try:
-            private.write_text(folder / "authorized_key", owner_key + "\n")
+            private.write_text(folder / AUTHORIZED_KEY, owner_key + "\n")
             # A box gets a new host key each time it is claimed; the old pin goes with it.
-            (folder / "host_key").unlink(missing_ok=True)
+            (folder / HOST_KEY).unlink(missing_ok=True)
             ready = start_agent(
                 name=name,
                 folder=folder,
@@ -123,7 +123,7 @@ class LocalBackend:
                 multiplexer=self.config.multiplexer,
                 timeout=self.config.start_timeout,
             )
-            box = self._record_up(name, ready, home=folder / "home")
+            box = self._record_up(name, ready, home=folder / HOME)
             known_hosts.pin(box.name, box.host_key)
         except BaseException as exc:
             # Interrupted or failed at any point: first end all that was started, then
@@ -195,7 +195,7 @@ class LocalBackend:
         alerts = self.store.alerts(box.name)
         if not alerts:
             return box
-        cell = protocol.alerts_cell(alerts)  # type: ignore[arg-type]
+        cell = protocol.alerts_cell(alerts)
         return dataclasses.replace(box, alerts=cell)
 
     def keep(self, name: str, *, until: float) -> Box:
@@ -253,7 +253,7 @@ class LocalBackend:
 
     def sync_root(self, box: Box) -> str | None:
         # Sessions have the user's own $HOME: synced trees go to the box's folder instead.
-        return str(self.store.box_dir(box.name) / "home")
+        return str(self.store.box_dir(box.name) / HOME)
 
     # --- release --------------------------------------------------------------------
 
@@ -291,7 +291,7 @@ class LocalBackend:
         if purge:  # asked before anything is stopped: a "no" leaves the box as it was
             _confirm(confirm, f"the home of box {name} ({folder / 'home'})")
         self._end_processes(name, mux_kind=box.multiplexer if box else "")
-        _remove_probe_socket(folder / "home")
+        _remove_probe_socket(folder / HOME)
         self.store.remove(name)
         known_hosts.unpin(name)
         if purge:

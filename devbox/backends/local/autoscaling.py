@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from devbox import config as config_mod
-from devbox import names, paths, private, terminals
+from devbox import names, paths, private, protocol, terminals
 from devbox.autoscaler import policy
 from devbox.autoscaler.state import State, loads
 from devbox.autoscaler.world import Snapshot
@@ -30,7 +30,7 @@ def box_here() -> tuple[LocalBackend, str]:
     """The local box this process runs in, for a bare `devbox keep` in the box's terminal:
     $DEVBOX_BOX names it (the agent sets it in sessions), and descent from that box's
     keeper proves it (every process of a local box descends from it); UsageError elsewhere."""
-    name = os.environ.get("DEVBOX_BOX", "")
+    name = os.environ.get(protocol.BOX_ENV, "")
     if not name:
         raise UsageError("name the box to keep: `devbox keep NAME` (in a box, NAME is optional)")
     names.validate_name(name)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from devbox import gpulocks, private, protocol
-from devbox.backends.local import keeper
+from devbox.backends.local import keeper, store
 from devbox.errors import DevboxError, ResourceError, UsageError
 
 # The keeper ends the agent and every process of the box (keeper.py), within its graces.
@@ -52,7 +52,7 @@ def _read_frame(fd: int, timeout: float) -> bytes:
 def start_agent(
     *, name: str, folder: Path, gpus: int, port: int, multiplexer: str, timeout: float
 ) -> Ready:
-    home = folder / "home"
+    home, log_file = folder / store.HOME, folder / store.AGENT_LOG
     private.ensure_dir(home)  # other users of the machine must not read the box's files
     read_fd, write_fd = os.pipe()
     argv = [
@@ -65,9 +65,9 @@ def start_agent(
         "--home",
         str(home),
         "--authorized-key",
-        str(folder / "authorized_key"),
+        str(folder / store.AUTHORIZED_KEY),
         "--host-key",
-        str(folder / "host_key"),
+        str(folder / store.HOST_KEY),
         "--port",
         str(port),
         "--gpus",
@@ -75,11 +75,11 @@ def start_agent(
         "--gpu-namespace",
         gpulocks.namespace(),
         "--lock-file",
-        str(folder / "agent.lock"),
+        str(folder / store.AGENT_LOCK),
         "--activity-file",
-        str(folder / "activity.json"),
+        str(folder / store.ACTIVITY_FILE),
         "--alerts-file",
-        str(folder / "alerts.json"),
+        str(folder / store.ALERTS_FILE),
         "--multiplexer",
         multiplexer,
         "--ready-fd",
@@ -87,7 +87,7 @@ def start_agent(
     ]
     proc: subprocess.Popen[bytes] | None = None
     try:
-        with _interrupts_held(), os.fdopen(private.open_append(folder / "agent.log"), "ab") as log:
+        with _interrupts_held(), os.fdopen(private.open_append(log_file), "ab") as log:
             proc = subprocess.Popen(
                 # The keeper lives as long as the box: the standard library only (-I -S).
                 [
@@ -95,7 +95,7 @@ def start_agent(
                     "-I",
                     "-S",
                     keeper.__file__,
-                    str(folder / "keeper.lock"),
+                    str(folder / store.KEEPER_LOCK),
                     str(write_fd),
                     *argv,
                 ],
@@ -112,7 +112,7 @@ def start_agent(
         if not raw:
             code = proc.wait()
             raise DevboxError(
-                f"the box's agent exited ({code}) before it was ready; see {folder / 'agent.log'}"
+                f"the box's agent exited ({code}) before it was ready; see {log_file}"
             )
         return _ready(raw, proc)
     except BaseException:

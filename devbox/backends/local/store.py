@@ -20,23 +20,33 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from devbox import private
+from devbox import private, protocol
 from devbox.boxes import Box
 from devbox.errors import StateError
 from devbox.locks import lock_held
-from devbox.protocol import PROBE_POINTER_FILE, Activity, last_use
+from devbox.protocol import PROBE_POINTER_FILE, Activity, ProbeAlert, last_use
 
+# The files of a box folder. The backend names them all: the agent and the keeper are
+# given their paths (launcher.py), so these names live here and nowhere else.
 RECORD = "box.json"
+AGENT_LOCK = "agent.lock"
+KEEPER_LOCK = "keeper.lock"
+AGENT_LOG = "agent.log"
+ACTIVITY_FILE = "activity.json"  # written by the agent (--activity-file)
+ALERTS_FILE = "alerts.json"  # written by the agent's probe hub (--alerts-file)
+AUTHORIZED_KEY = "authorized_key"  # the owner's key, read by the agent (--authorized-key)
+HOST_KEY = "host_key"  # the agent's, made by it at its first start (--host-key)
+HOME = "home"
 # What a box folder holds besides its home; an older devbox left them 0644.
 BOX_FILES = (
     RECORD,
-    "agent.lock",
-    "keeper.lock",
-    "agent.log",
-    "activity.json",
-    "alerts.json",
-    "authorized_key",
-    "host_key",
+    AGENT_LOCK,
+    KEEPER_LOCK,
+    AGENT_LOG,
+    ACTIVITY_FILE,
+    ALERTS_FILE,
+    AUTHORIZED_KEY,
+    HOST_KEY,
 )
 
 
@@ -55,9 +65,9 @@ class BoxStore:
         private.tighten([self.root / "claim.lock"])
         private.tighten_folder(self.root / "locks")
         for folder in self._folders():
-            private.tighten([folder, folder / "home", *(folder / f for f in BOX_FILES)])
+            private.tighten([folder, folder / HOME, *(folder / f for f in BOX_FILES)])
             # The agent's own folder in the home: the probe pointer and the runs' records.
-            private.tighten_folder((folder / "home" / PROBE_POINTER_FILE).parent)
+            private.tighten_folder((folder / HOME / PROBE_POINTER_FILE).parent)
 
     def _folders(self) -> list[Path]:
         try:
@@ -126,22 +136,22 @@ class BoxStore:
 
     def agent_alive(self, name: str) -> bool:
         """True while an agent holds the box's lock; the kernel frees it when the agent dies."""
-        return lock_held(self.box_dir(name) / "agent.lock")
+        return lock_held(self.box_dir(name) / AGENT_LOCK)
 
     def agent_pid(self, name: str) -> int | None:
-        return _pid(self.box_dir(name) / "agent.lock")
+        return _pid(self.box_dir(name) / AGENT_LOCK)
 
     def keeper_alive(self, name: str) -> bool:
         """True while any process of the box lives (its keeper outlives them all)."""
-        return lock_held(self.box_dir(name) / "keeper.lock")
+        return lock_held(self.box_dir(name) / KEEPER_LOCK)
 
     def keeper_pid(self, name: str) -> int | None:
-        return _pid(self.box_dir(name) / "keeper.lock")
+        return _pid(self.box_dir(name) / KEEPER_LOCK)
 
     def activity_report(self, name: str) -> tuple[Activity | None, float]:
         """The agent's whole activity record and when it was written (its heartbeat: the
         agent rewrites it with every second's telemetry); (None, 0) before the first."""
-        path = self.box_dir(name) / "activity.json"
+        path = self.box_dir(name) / ACTIVITY_FILE
         try:
             written = path.stat().st_mtime
             data = json.loads(path.read_text())
@@ -168,14 +178,13 @@ class BoxStore:
             return 0.0, 0
         return last_use(activity), activity["clients"]
 
-    def alerts(self, name: str) -> list[dict[str, object]]:
+    def alerts(self, name: str) -> list[ProbeAlert]:
         """The probe's alerts in the box, first raised first; [] when none or unreadable."""
         try:
-            data = json.loads((self.box_dir(name) / "alerts.json").read_text())
-            alerts = data["alerts"]
-        except (OSError, ValueError, KeyError, TypeError):
+            data = json.loads((self.box_dir(name) / ALERTS_FILE).read_text())
+            return protocol.alerts(data["alerts"])
+        except (OSError, ValueError, KeyError, TypeError):  # ProtocolError is a ValueError
             return []
-        return [a for a in alerts if isinstance(a, dict)] if isinstance(alerts, list) else []
 
 
 def _pid(path: Path) -> int | None:
