@@ -118,7 +118,7 @@ def test_a_one_shot_report_is_of_now_not_cached(user: User, trainers: Any) -> No
 
 def _ls_alerts(user: User) -> str:
     (box,) = json.loads(user.devbox("ls", "--json", check=True).stdout)
-    return str(box["extra"].get("alerts", ""))
+    return str(box["alerts"])
 
 
 def test_alerts_of_a_finished_run_give_way_to_the_next(user: User, trainers: Any) -> None:  # noqa: F811
