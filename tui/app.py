@@ -15,8 +15,9 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from functools import partial
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
+from textual import on
 from textual.app import App, SuspendNotSupported
 from textual.binding import Binding, BindingType
 from textual.command import Hit, Hits, Provider
@@ -25,7 +26,9 @@ from textual.worker import Worker
 from devbox.backends.base import Backend
 from devbox.boxes import Box, BoxSpec, BoxState
 from devbox.errors import DevboxError
+from tui import messages
 from tui.feed import BackendFeed, Feed, Store, run_attached
+from tui.screens.base import AppScreen, ScreenContext
 from tui.screens.box import BoxScreen
 from tui.screens.boxes import BoxesScreen
 from tui.screens.modals import ClaimRequest, ClaimScreen, ConfirmScreen
@@ -44,10 +47,6 @@ _LIVE = frozenset({BoxState.RUNNING, BoxState.IDLE})
 RUNS_INTERVAL = 3.0
 # A run that ended longer ago than this is not news when its box's count drops.
 ANNOUNCE_WITHIN = 120.0
-
-
-class Redrawable(Protocol):
-    def show(self, store: Store, dirty: set[str], *, relist: bool) -> None: ...
 
 
 class BoxCommands(Provider):
@@ -100,6 +99,7 @@ class DevboxApp(App[None]):
         self.list_interval = list_interval
         self.redraw_hz = redraw_hz
         self.store = Store()
+        self.context = ScreenContext(store=self.store, clock=self.clock)
         self.streams: dict[str, Worker[None]] = {}
         self.probes: dict[str, Worker[None]] = {}
         self._request_ids = 0
@@ -108,7 +108,7 @@ class DevboxApp(App[None]):
         self.warned: dict[str, float] = {}  # box -> the release warning already told
 
     def on_mount(self) -> None:
-        self.push_screen(BoxesScreen())
+        self.push_screen(BoxesScreen(self.context))
         self.run_worker(self._follow_boxes(), name="boxes", group="boxes")
         self.set_interval(1.0 / self.redraw_hz, self.redraw)
         # Once Textual, the screens and the first samples are built, take them out of the
@@ -126,7 +126,7 @@ class DevboxApp(App[None]):
         if not (dirty or relist) or not self.is_running or not self.screen_stack:
             return  # nothing new, or the app is shutting down (its screens go first)
         screen = self.screen
-        if isinstance(screen, BoxesScreen | BoxScreen | ModelScreen):
+        if isinstance(screen, AppScreen):  # not a modal
             screen.show(self.store, dirty, relist=relist)
 
     # --- workers: boxes and their telemetry -----------------------------------------
@@ -228,7 +228,7 @@ class DevboxApp(App[None]):
             self.probes[name] = self.run_worker(
                 self._probe(view.box), name=f"probe {name}", group="probes"
             )
-        self.push_screen(ModelScreen(name))
+        self.push_screen(ModelScreen(self.context, name))
 
     def close_model(self, name: str) -> None:
         worker = self.probes.pop(name, None)
@@ -269,7 +269,7 @@ class DevboxApp(App[None]):
     # --- actions (screens call these; the work runs in workers) ----------------------
 
     def open_box(self, name: str) -> None:
-        self.push_screen(BoxScreen(name))
+        self.push_screen(BoxScreen(self.context, name))
         self.run_worker(self._follow_runs(name), name=f"runs {name}", group="runs", exclusive=True)
 
     # --- runs: `devbox run` experiments of the open box ------------------------------
@@ -290,7 +290,7 @@ class DevboxApp(App[None]):
             await asyncio.sleep(RUNS_INTERVAL)
 
     def open_run_log(self, name: str, run_id: str) -> None:
-        screen = RunLogScreen(name, run_id)
+        screen = RunLogScreen(self.context, name, run_id)
         self.push_screen(screen)
         self.run_worker(self._follow_log(screen), name=f"log {run_id}", group="log", exclusive=True)
 
@@ -432,6 +432,44 @@ class DevboxApp(App[None]):
         clock = time.strftime("%a %H:%M", time.localtime(kept.keep_until))
         self.notify(f"box {box.name} is kept until {clock}")
         self.relist()
+
+    # --- what the screens ask (tui.messages) ---------------------------------------
+
+    @on(messages.OpenBox)
+    def _on_open_box(self, message: messages.OpenBox) -> None:
+        self.open_box(message.box)
+
+    @on(messages.EnterBox)
+    def _on_enter_box(self, message: messages.EnterBox) -> None:
+        self.enter_box(message.box)
+
+    @on(messages.ReleaseBox)
+    def _on_release_box(self, message: messages.ReleaseBox) -> None:
+        self.ask_release(message.box)
+
+    @on(messages.KeepBox)
+    def _on_keep_box(self, message: messages.KeepBox) -> None:
+        self.keep_box(message.box)
+
+    @on(messages.OpenModel)
+    def _on_open_model(self, message: messages.OpenModel) -> None:
+        self.open_model(message.box)
+
+    @on(messages.CloseModel)
+    def _on_close_model(self, message: messages.CloseModel) -> None:
+        self.close_model(message.box)
+
+    @on(messages.OpenRunLog)
+    def _on_open_run_log(self, message: messages.OpenRunLog) -> None:
+        self.open_run_log(message.box, message.run_id)
+
+    @on(messages.AttachRun)
+    def _on_attach_run(self, message: messages.AttachRun) -> None:
+        self.attach_run(message.box, message.run_id)
+
+    @on(messages.ClaimBox)
+    def _on_claim_box(self, message: messages.ClaimBox) -> None:
+        self.action_claim()
 
     def action_help(self) -> None:
         if self.screen.query("HelpPanel"):

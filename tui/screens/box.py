@@ -14,8 +14,9 @@ from textual.widgets import DataTable, Footer, Header, Label, Sparkline, Static
 
 from devbox import protocol
 from devbox.runs.record import Run
+from tui import messages
 from tui.feed import BoxView, Store
-from tui.screens.base import AppScreen
+from tui.screens.base import AppScreen, ScreenContext
 from tui.widgets.text import age, pct, release_hint, size
 
 CHARTS = ("util", "mem", "power", "temp")
@@ -75,8 +76,8 @@ class BoxScreen(AppScreen):
         Binding("m", "model", "Model"),
     ]
 
-    def __init__(self, name: str) -> None:
-        super().__init__()
+    def __init__(self, context: ScreenContext, name: str) -> None:
+        super().__init__(context)
         self.box_name = name
         self.gpu_indices: list[int] = []
         self.ready = False
@@ -110,7 +111,7 @@ class BoxScreen(AppScreen):
         runs = self.query_one("#runs", DataTable)
         runs.add_columns("RUN", "STATE", "EXIT", "STARTED", "TOOK", "COMMIT", "COMMAND")
         runs.focus(scroll_visible=False)  # up/down pick the run that l and a act on
-        self.show(self.devbox.store, {self.box_name}, relist=True)
+        self.show(self.context.store, {self.box_name}, relist=True)
 
     def show(self, store: Store, dirty: set[str], *, relist: bool) -> None:
         if not self.ready:
@@ -156,7 +157,7 @@ class BoxScreen(AppScreen):
             parts.append(f"sessions: {activity['clients']} attached, last used {age(idle)} ago")
         if box.reason:
             parts.append(box.reason)
-        note = box.autoscaler_note(self.devbox.clock())
+        note = box.autoscaler_note(self.context.clock())
         if note:
             parts.append(f"[b]{note}[/b]")
         if box.release_at:
@@ -203,7 +204,7 @@ class BoxScreen(AppScreen):
         table = self.query_one("#runs", DataTable)
         row = table.cursor_row
         table.clear()
-        now = self.devbox.clock()
+        now = self.context.clock()
         for run in reversed(runs):  # newest first
             took = run.duration(now)
             commit = (run.git_commit or "-")[:10] + ("+" if run.git_dirty else "")
@@ -231,21 +232,21 @@ class BoxScreen(AppScreen):
     def action_run_log(self) -> None:
         run_id = self.selected_run()
         if run_id is not None:
-            self.devbox.open_run_log(self.box_name, run_id)
+            self.app.post_message(messages.OpenRunLog(self.box_name, run_id))
 
     def action_attach_run(self) -> None:
         run_id = self.selected_run()
         if run_id is not None:
-            self.devbox.attach_run(self.box_name, run_id)
+            self.app.post_message(messages.AttachRun(self.box_name, run_id))
 
     def action_enter_box(self) -> None:
-        self.devbox.enter_box(self.box_name)
+        self.app.post_message(messages.EnterBox(self.box_name))
 
     def action_release(self) -> None:
-        self.devbox.ask_release(self.box_name)
+        self.app.post_message(messages.ReleaseBox(self.box_name))
 
     def action_keep(self) -> None:
-        self.devbox.keep_box(self.box_name)
+        self.app.post_message(messages.KeepBox(self.box_name))
 
     def action_model(self) -> None:
-        self.devbox.open_model(self.box_name)
+        self.app.post_message(messages.OpenModel(self.box_name))

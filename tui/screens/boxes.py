@@ -10,8 +10,9 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.widgets import Footer, Header, Input, Static
 
+from tui import messages
 from tui.feed import BoxView, Store
-from tui.screens.base import AppScreen
+from tui.screens.base import AppScreen, ScreenContext
 from tui.widgets.boxtable import BoxTable
 from tui.widgets.text import age, pct, release_hint, size, spark
 
@@ -108,8 +109,8 @@ class BoxesScreen(AppScreen):
         Binding("k", "cursor_up", "Up", show=False),
     ]
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, context: ScreenContext) -> None:
+        super().__init__(context)
         self.filter_text = ""
         self.shown: list[str] = []  # box names in table order
         self.ready = False
@@ -133,7 +134,7 @@ class BoxesScreen(AppScreen):
         self.query_one("#filter", Input).display = False
         table.focus()
         self.ready = True
-        self.show(self.devbox.store, set(self.devbox.store.views), relist=True)
+        self.show(self.context.store, set(self.context.store.views), relist=True)
 
     # --- data in ------------------------------------------------------------------
 
@@ -150,7 +151,7 @@ class BoxesScreen(AppScreen):
         if not self.ready:
             return  # the redraw clock can tick between compose and on_mount
         table = self.query_one("#boxes", BoxTable)
-        now = self.devbox.clock()
+        now = self.context.clock()
         wanted = sorted(n for n, v in store.views.items() if self.matches(v))
         if relist or wanted != self.shown:
             table.set_rows([(name, row(store.views[name], now)) for name in wanted])
@@ -171,9 +172,9 @@ class BoxesScreen(AppScreen):
         if not now and name == self._detail_of and clock - self._detail_at < 1 / DETAIL_HZ:
             return
         self._detail_of, self._detail_at = name, clock
-        view = self.devbox.store.views.get(name) if name else None
+        view = self.context.store.views.get(name) if name else None
         # Fixed height (app.tcss): new text never changes the layout of the screen.
-        self.query_one("#detail", Static).update(detail(view, self.devbox.clock()), layout=False)
+        self.query_one("#detail", Static).update(detail(view, self.context.clock()), layout=False)
 
     def selected_name(self) -> str | None:
         return self.query_one("#boxes", BoxTable).cursor_key
@@ -193,7 +194,7 @@ class BoxesScreen(AppScreen):
 
     def on_input_changed(self, event: Input.Changed) -> None:
         self.filter_text = event.value.strip()
-        self.show(self.devbox.store, set(), relist=False)
+        self.show(self.context.store, set(), relist=False)
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         self.query_one("#boxes", BoxTable).focus()
@@ -204,7 +205,7 @@ class BoxesScreen(AppScreen):
         box.display = False
         self.filter_text = ""
         self.query_one("#boxes", BoxTable).focus()
-        self.show(self.devbox.store, set(), relist=False)
+        self.show(self.context.store, set(), relist=False)
 
     # --- actions: all through the app, which owns the workers -----------------------
 
@@ -216,19 +217,19 @@ class BoxesScreen(AppScreen):
 
     def action_open(self) -> None:
         if name := self.selected_name():
-            self.devbox.open_box(name)
+            self.app.post_message(messages.OpenBox(name))
 
     def action_enter_box(self) -> None:
         if name := self.selected_name():
-            self.devbox.enter_box(name)
+            self.app.post_message(messages.EnterBox(name))
 
     def action_claim(self) -> None:
-        self.devbox.action_claim()
+        self.app.post_message(messages.ClaimBox())
 
     def action_release(self) -> None:
         if name := self.selected_name():
-            self.devbox.ask_release(name)
+            self.app.post_message(messages.ReleaseBox(name))
 
     def action_keep(self) -> None:
         if name := self.selected_name():
-            self.devbox.keep_box(name)
+            self.app.post_message(messages.KeepBox(name))

@@ -12,8 +12,9 @@ from textual.binding import Binding, BindingType
 from textual.widgets import DataTable, Footer, Header, Label, Static
 
 from devbox.views.probe import HEAD, layer_cells, num
+from tui import messages
 from tui.feed import ModelView, Store
-from tui.screens.base import AppScreen
+from tui.screens.base import AppScreen, ScreenContext
 from tui.widgets.text import spark
 
 # devbox.views.probe's columns, with the gradient norm's history after its value
@@ -34,8 +35,8 @@ def heat(counts: list[int], width: int) -> str:
 class ModelScreen(AppScreen):
     BINDINGS: ClassVar[list[BindingType]] = [Binding("escape", "app.pop_screen", "Back")]
 
-    def __init__(self, name: str) -> None:
-        super().__init__()
+    def __init__(self, context: ScreenContext, name: str) -> None:
+        super().__init__(context)
         self.box_name = name
         self.rows: list[tuple[int, str]] = []  # (pid, layer) per table row
         self.ready = False
@@ -54,14 +55,14 @@ class ModelScreen(AppScreen):
         self.title = f"model in box {self.box_name}"
         table = self.query_one("#layers", DataTable)
         table.add_columns(*COLUMNS)
-        self.show(self.devbox.store, {self.box_name}, relist=True)
+        self.show(self.context.store, {self.box_name}, relist=True)
 
     def on_unmount(self) -> None:
         self.ready = False
-        self.devbox.close_model(self.box_name)
+        self.app.post_message(messages.CloseModel(self.box_name))
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
-        model = self.devbox.store.models.get(self.box_name)
+        model = self.context.store.models.get(self.box_name)
         if model is not None and 0 <= event.cursor_row < len(self.rows):
             chosen = self.rows[event.cursor_row]
             if model.selected != chosen:

@@ -9,7 +9,8 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.widgets import Footer, Header, Log
 
-from tui.screens.base import AppScreen
+from tui import messages
+from tui.screens.base import AppScreen, ScreenContext
 
 # Colours and cursor moves a terminal would interpret; a log view shows text.
 _ESCAPES = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07]*\x07|[@-Z\\-_])")
@@ -21,8 +22,8 @@ class RunLogScreen(AppScreen):
         Binding("a", "attach", "Attach"),
     ]
 
-    def __init__(self, box: str, run_id: str) -> None:
-        super().__init__()
+    def __init__(self, context: ScreenContext, box: str, run_id: str) -> None:
+        super().__init__(context)
         self.box_name = box
         self.run_id = run_id
         self.text: str | None = None
@@ -48,4 +49,4 @@ class RunLogScreen(AppScreen):
         self.text = text
 
     def action_attach(self) -> None:
-        self.devbox.attach_run(self.box_name, self.run_id)
+        self.app.post_message(messages.AttachRun(self.box_name, self.run_id))
