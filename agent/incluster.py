@@ -42,7 +42,7 @@ async def start_link(agent: Agent, args: argparse.Namespace, *, host_line: str) 
         def publish_alerts(alerts: list[protocol.ProbeAlert]) -> None:
             # `devbox ls` reads model alerts from the pod; off the loop: the API call blocks.
             cell = protocol.alerts_cell(alerts)
-            loop.run_in_executor(None, link.annotate, {protocol.ANN_ALERTS: cell})
+            agent.background.offload("publish alerts", link.annotate, {protocol.ANN_ALERTS: cell})
 
         agent.probe_hub.on_alerts = publish_alerts
     stop = threading.Event()
@@ -55,7 +55,9 @@ async def start_link(agent: Agent, args: argparse.Namespace, *, host_line: str) 
         adopted[f"refused-{what}"] = line
         message = f"refused a new {what} on this pod: a box keeps the one its claim named"
         log.warning("%s", message)
-        loop.run_in_executor(None, link.event, protocol.EVENT_OWNER_KEY_REFUSED, message)
+        agent.background.offload(
+            "report a refused owner", link.event, protocol.EVENT_OWNER_KEY_REFUSED, message
+        )
 
     def apply(labels: dict[str, str], annotations: dict[str, str]) -> None:
         key_line = annotations.get(protocol.ANN_OWNER_KEY, "")
@@ -75,18 +77,19 @@ async def start_link(agent: Agent, args: argparse.Namespace, *, host_line: str) 
             home = _take_owner(owner_name)
         except (asyncssh.KeyImportError, OwnerError, OSError) as exc:
             log.error("cannot adopt the owner named on my pod: %s", exc)
-            loop.run_in_executor(None, link.event, protocol.EVENT_OWNER_REFUSED, str(exc))
+            agent.background.offload(
+                "report a refused owner", link.event, protocol.EVENT_OWNER_REFUSED, str(exc)
+            )
             adopted["key"], adopted["owner"] = key_line, owner_name  # and no other, ever
             return
-        os.chdir(home)  # the SFTP server serves relative paths from here
         box = agent.box
         box.owner_key, box.home = key, home
         box.name = labels.get(protocol.LABEL_BOX) or box.name
         adopted["key"], adopted["owner"] = key_line, owner_name
         log.info("adopted the owner's key %s for box %s", key.get_fingerprint(), box.name)
         # Off the event loop: the API call blocks. The claimer waits for this answer.
-        loop.run_in_executor(
-            None,
+        agent.background.offload(
+            "acknowledge the owner",
             link.annotate,
             {
                 protocol.ANN_OWNER_ACK: key.get_fingerprint(),
@@ -119,7 +122,7 @@ async def start_link(agent: Agent, args: argparse.Namespace, *, host_line: str) 
             if adopted.pop("warned", ""):
                 kept = _seconds(annotations.get(protocol.ANN_KEEP_UNTIL, ""))
                 why = "kept (`devbox keep`)" if kept > time.time() else "in use again"
-                loop.run_in_executor(None, tell, release_withdrawn(agent.box.name, why))
+                agent.background.offload("tell", tell, release_withdrawn(agent.box.name, why))
             return
         if adopted.get("warned") == release_at:
             return
@@ -129,7 +132,7 @@ async def start_link(agent: Agent, args: argparse.Namespace, *, host_line: str) 
             return
         adopted["warned"] = release_at
         reason = annotations.get(protocol.ANN_RELEASE_REASON, "")
-        loop.run_in_executor(None, tell, release_warning(agent.box.name, reason, when))
+        agent.background.offload("tell", tell, release_warning(agent.box.name, reason, when))
 
     def tell(text: str) -> None:
         mux = agent.box.multiplexer

@@ -273,10 +273,10 @@ async def _serve(
         args, gpu_uuids, activity=agent.activity.snapshot, on_sample=agent.activity.observe
     )
     # Telemetry starts a moment late: the first SSH connection after `devbox up` comes first.
-    sampler = asyncio.create_task(agent.telemetry.run(delay=0.5))
+    agent.background.spawn("telemetry", agent.telemetry.run(delay=0.5))
     from agent import runs
 
-    counter = asyncio.create_task(runs.watch(agent.activity, lambda: agent.runs_dir), name="runs")
+    agent.background.spawn("runs", runs.watch(agent.activity, lambda: agent.runs_dir))
     # Once everything long-lived is imported and built (asyncssh, NVML, the sampler), move
     # it out of the cyclic GC's sight: each tick allocates hundreds of small objects, and
     # the collections they trigger otherwise re-scan all of asyncssh every time (a third
@@ -299,9 +299,7 @@ async def _serve(
     )
     if link_stop is not None:
         link_stop.set()
-    sampler.cancel()
-    counter.cancel()
-    await asyncio.gather(sampler, counter, return_exceptions=True)
+    await agent.background.cancel_all()
     if hub is not None:
         await hub.close()
     return 0

@@ -24,6 +24,7 @@ from agent.activity import Activity
 from agent.agentfwd import AgentRelay
 from agent.probehub import ProbeHub
 from agent.sftp import SFTPServer
+from agent.tasks import Tasks
 from agent.telemetry import Telemetry
 from devbox import protocol
 from devbox.boxes import Multiplexer
@@ -109,7 +110,9 @@ class Agent:
         self.box = box
         self.activity = Activity(box.activity_file)
         self.connections: set[asyncssh.SSHServerConnection] = set()
-        self.tasks: set[asyncio.Task[Any]] = set()
+        self.tasks: set[asyncio.Task[Any]] = set()  # the sessions'
+        # The agent's own long-lived work (the sampler, the runs' counter, pod API calls).
+        self.background = Tasks()
         self.telemetry: Telemetry | None = None
         self.probe_hub: ProbeHub | None = None
         # Unauthenticated connections: capped, counted, logged once per interval.
