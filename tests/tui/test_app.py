@@ -39,6 +39,20 @@ def notifications(app: DevboxApp) -> list[str]:
     return said
 
 
+def link_states(app: DevboxApp, box: str) -> list[str]:
+    """Every link state the store records for `box` from now on, in order."""
+    states: list[str] = []
+    real = app.store.link
+
+    def record(name: str, state: str) -> None:
+        if name == box:
+            states.append(state)
+        real(name, state)
+
+    app.store.link = record  # type: ignore[method-assign]
+    return states
+
+
 async def until(condition: object, timeout: float = 5.0) -> None:
     deadline = asyncio.get_running_loop().time() + timeout
     while not condition():  # type: ignore[operator]
@@ -151,15 +165,7 @@ async def test_a_lost_stream_shows_and_reconnects_by_itself() -> None:
     app = app_for(feed, rate=20)
     async with app.run_test(size=SIZE):
         await until(lambda: app.store.views.get("box-01") and app.store.views["box-01"].sample)
-        states: list[str] = []
-        real_link = app.store.link
-
-        def record(name: str, state: str) -> None:
-            if name == "box-01":
-                states.append(state)
-            real_link(name, state)
-
-        app.store.link = record  # type: ignore[method-assign]
+        states = link_states(app, "box-01")
         feed.fail_next_stream.add("box-01")
         await until(lambda: any(s.startswith("lost:") for s in states))
         await until(lambda: app.store.views["box-01"].link == "live")

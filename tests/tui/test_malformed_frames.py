@@ -11,7 +11,7 @@ from devbox import protocol
 from devbox.boxes import Box
 from devbox.protocol import ProbeRequest
 from tests.tui.synthetic import SyntheticFeed
-from tests.tui.test_app import SIZE, app_for, until
+from tests.tui.test_app import SIZE, app_for, link_states, until
 
 
 class _Garbling(SyntheticFeed):
@@ -41,15 +41,7 @@ class _Garbling(SyntheticFeed):
 
 async def test_a_malformed_sample_is_that_box_s_lost_link_and_it_reconnects() -> None:
     app = app_for(_Garbling(), rate=20)
-    states: list[str] = []
-    real_link = app.store.link
-
-    def record(name: str, state: str) -> None:
-        if name == "box-01":
-            states.append(state)
-        real_link(name, state)
-
-    app.store.link = record  # type: ignore[method-assign]
+    states = link_states(app, "box-01")
     async with app.run_test(size=SIZE):
         await until(lambda: app.store.views.get("box-01") and app.store.views["box-01"].sample)
         assert "lost: malformed sample frame: host is missing" in states
