@@ -20,11 +20,10 @@ import asyncssh
 from asyncssh.kex import get_kex_algs
 
 from agent import forwards, preauth, remoteforwards, shell
-from agent.activity import Activity
 from agent.agentfwd import AgentRelay
 from agent.probehub import ProbeHub
+from agent.services import AgentServices
 from agent.sftp import SFTPServer
-from agent.telemetry import Telemetry
 from devbox import protocol
 from devbox.boxes import Multiplexer
 from devbox.runs.record import RUNS_ENV
@@ -96,22 +95,33 @@ class BoxIdentity:
     gpu_env: str | None  # CUDA_VISIBLE_DEVICES for sessions; None leaves it unset
     # False when the user chose "none": a plain shell is then what they asked for.
     warn_without_multiplexer: bool = True
-    activity_file: Path | None = None
     # In a pod, `home` is the owner's persistent home and sessions get it as $HOME (the
     # image's own home is lost with the pod); a local box keeps the user's $HOME.
     home_is_home: bool = False
-    # In a pod: re-reads the owner from the pod, for a key the watch has not brought yet.
-    refresh_owner: Callable[[], Awaitable[None]] | None = None
+
+    @property
+    def runs_dir(self) -> Path:
+        # Asked each time: a warm pod's home is known only once it is claimed.
+        return self.home / ".devbox/runs"
 
 
 class Agent:
-    def __init__(self, box: BoxIdentity) -> None:
+    def __init__(
+        self,
+        box: BoxIdentity,
+        services: AgentServices,
+        *,
+        refresh_owner: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
         self.box = box
-        self.activity = Activity(box.activity_file)
+        self.activity = services.activity
+        self.telemetry = services.telemetry
+        self.probe_hub = services.probe_hub
+        # In a pod: re-reads the owner from the pod, for a key the watch has not brought yet.
+        self.refresh_owner = refresh_owner
         self.connections: set[asyncssh.SSHServerConnection] = set()
+        # The channels' own tasks (asyncssh starts them): ended when the box shuts down.
         self.tasks: set[asyncio.Task[Any]] = set()
-        self.telemetry: Telemetry | None = None
-        self.probe_hub: ProbeHub | None = None
         # Unauthenticated connections: capped, counted, logged once per interval.
         self.preauth_log = preauth.Tally()
         self.gate = preauth.Gate(self.preauth_log)
@@ -169,16 +179,12 @@ class Agent:
             env["TERM"] = term
         return env
 
-    @property
-    def runs_dir(self) -> Path:
-        return self.box.home / ".devbox/runs"
-
     def run_env(self) -> dict[str, str]:
         """What `devbox run`'s in-box helper needs: this interpreter (which has devbox,
         whatever PATH says), the box's runs folder, and the multiplexer of its session."""
         return {
             "DEVBOX_PYTHON": sys.executable,
-            RUNS_ENV: str(self.runs_dir),
+            RUNS_ENV: str(self.box.runs_dir),
             "DEVBOX_MULTIPLEXER": self.box.multiplexer.kind,
         }
 
@@ -220,7 +226,7 @@ class Agent:
         if name == protocol.PROBE_SUBSYSTEM and self.probe_hub is not None:
             await self._probe_subsystem(process, self.probe_hub)
             return
-        if name != protocol.TELEMETRY_SUBSYSTEM or self.telemetry is None:
+        if name != protocol.TELEMETRY_SUBSYSTEM:
             process.stderr.write(f"devbox agent: no subsystem {name!r}\r\n".encode())
             process.exit(1)
             return
@@ -386,7 +392,7 @@ class _Server(asyncssh.SSHServer):
 
     async def validate_public_key(self, username: str, key: asyncssh.SSHKey) -> bool:
         accepted = self._is_owner(key)
-        refresh = self._agent.box.refresh_owner
+        refresh = self._agent.refresh_owner
         if not accepted and refresh is not None and not self._refreshed:
             # A claimer connects as soon as its claim is written, which is often before
             # the pod watch has brought it here: look at the pod once per connection.
