@@ -119,9 +119,10 @@ class Agent:
         self.probe_hub = services.probe_hub
         # In a pod: re-reads the owner from the pod, for a key the watch has not brought yet.
         self.refresh_owner = refresh_owner
+        self._tasks = services.tasks
         self.connections: set[asyncssh.SSHServerConnection] = set()
         # The channels' own tasks (asyncssh starts them): ended when the box shuts down.
-        self.tasks: set[asyncio.Task[Any]] = set()
+        self.channel_tasks: set[asyncio.Task[Any]] = set()
         # Unauthenticated connections: capped, counted, logged once per interval.
         self.preauth_log = preauth.Tally()
         self.gate = preauth.Gate(self.preauth_log)
@@ -200,7 +201,7 @@ class Agent:
         """One SSH channel: a shell (joined to the persistent session) or a command."""
         task = asyncio.current_task()
         if task:
-            self.tasks.add(task)
+            self.channel_tasks.add(task)
         log.info("session: %s", _describe(process))
         if process.subsystem is not None:
             # Not a user at work: a dashboard watching an idle box must not keep it alive.
@@ -208,7 +209,7 @@ class Agent:
                 await self._subsystem(process, process.subsystem)
             finally:
                 if task:
-                    self.tasks.discard(task)
+                    self.channel_tasks.discard(task)
             return
         self.activity.client(+1)
         try:
@@ -220,7 +221,7 @@ class Agent:
         finally:
             self.activity.client(-1)
             if task:
-                self.tasks.discard(task)
+                self.channel_tasks.discard(task)
 
     async def _subsystem(self, process: shell.Process, name: str) -> None:
         if name == protocol.PROBE_SUBSYSTEM and self.probe_hub is not None:
@@ -262,13 +263,13 @@ class Agent:
             argv=argv, env=env, cwd=self._start_folder(process, env), on_input=on_input
         )
         if not pty:
-            await shell.run_on_pipes(process, launch)
+            await shell.run_on_pipes(process, launch, tasks=self._tasks)
             return
         # A terminal client that forwarded an agent is the one the stable socket reaches.
         forwarded = _forwarded_agent(process)
         token = self.agent_relay.attach(forwarded[0]) if forwarded else None
         try:
-            await shell.run_on_pty(process, launch)
+            await shell.run_on_pty(process, launch, tasks=self._tasks)
         finally:
             if token is not None:
                 self.agent_relay.detach(token)
@@ -494,9 +495,9 @@ async def serve(
             log.exception("ending the sessions failed")
     for conn in list(agent.connections):
         conn.disconnect(asyncssh.DISC_BY_APPLICATION, "box is shutting down")
-    for task in list(agent.tasks):
+    for task in list(agent.channel_tasks):
         task.cancel()
-    await asyncio.gather(*agent.tasks, return_exceptions=True)
+    await asyncio.gather(*agent.channel_tasks, return_exceptions=True)
     await agent.agent_relay.close()
     await server.wait_closed()
     agent.preauth_log.close()
