@@ -20,19 +20,12 @@ import resource
 import signal
 import socket
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from agent import gpus, hostkey, sessions
 from agent.init import become_init_if_pid1
-from devbox import gpulocks, private, protocol
+from devbox import gpulocks, protocol
 from devbox.boxes import Multiplexer
-
-if TYPE_CHECKING:
-    from agent.probehub import ProbeHub
-    from agent.server import Agent
-    from agent.telemetry import Telemetry
 
 
 class StartError(Exception):
@@ -249,45 +242,68 @@ async def _serve(
 
     import asyncssh
 
+    from agent import runs, services
     from agent.server import Agent, BoxIdentity, serve
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    agent = Agent(
-        BoxIdentity(
-            name=args.name,
-            home=args.home,
-            owner_key=asyncssh.import_public_key(owner_line) if owner_line else None,
-            multiplexer=mux,
-            # A box without GPUs sees none, rather than every GPU of the machine. In a
-            # pod the device plugin has already chosen what the container sees.
-            gpu_env=None if args.pod else gpu_env,
-            activity_file=args.activity_file,
-            warn_without_multiplexer=args.multiplexer != "none",
-            home_is_home=bool(args.pod),
-        )
+    in_pod = bool(args.pod)
+    all_processes = (args.processes or ("all" if in_pod else "box")) == "all"
+    box = BoxIdentity(
+        name=args.name,
+        home=args.home,
+        owner_key=asyncssh.import_public_key(owner_line) if owner_line else None,
+        multiplexer=mux,
+        # A box without GPUs sees none, rather than every GPU of the machine. In a
+        # pod the device plugin has already chosen what the container sees.
+        gpu_env=None if in_pod else gpu_env,
+        warn_without_multiplexer=args.multiplexer != "none",
+        home_is_home=in_pod,
     )
-    agent.telemetry = _telemetry(
-        args, gpu_uuids, activity=agent.activity.snapshot, on_sample=agent.activity.observe
+    box_services = await services.build(
+        box=args.name,
+        home=args.home,
+        gpu_uuids=None if in_pod else gpu_uuids,
+        all_processes=all_processes,
+        telemetry_rate=args.telemetry_rate,
+        activity_file=args.activity_file,
+        probe_socket=args.probe_socket,
+        alerts_file=args.alerts_file,
     )
+    tasks = box_services.tasks
     # Telemetry starts a moment late: the first SSH connection after `devbox up` comes first.
-    agent.background.spawn("telemetry", agent.telemetry.run(delay=0.5))
-    from agent import runs
-
-    agent.background.spawn("runs", runs.watch(agent.activity, lambda: agent.runs_dir))
+    tasks.spawn("telemetry", box_services.telemetry.run(delay=0.5))
+    tasks.spawn("runs", runs.watch(box_services.activity, lambda: box.runs_dir), forever=True)
     # Once everything long-lived is imported and built (asyncssh, NVML, the sampler), move
     # it out of the cyclic GC's sight: each tick allocates hundreds of small objects, and
     # the collections they trigger otherwise re-scan all of asyncssh every time (a third
     # of the agent's idle CPU at 1 Hz, benchmarks/bench_telemetry.py).
     loop.call_later(3.0, gc.freeze)
-    hub = await _probe_hub(args, agent)
-    link_stop = None
-    if args.pod:
-        from agent.incluster import start_link
+    binding = None
+    if in_pod:
+        from agent.incluster import PodBinding, PodSettings
 
-        link_stop = await start_link(agent, args, host_line=host_line)
+        binding = await PodBinding.start(
+            settings=PodSettings(
+                pod=args.pod,
+                namespace=args.namespace,
+                kubeconfig=args.kubeconfig,
+                home_root=args.home_root,
+                become_owner=args.become_owner,
+                heartbeat=args.heartbeat,
+                all_processes=all_processes,
+            ),
+            box=box,
+            services=box_services,
+            host_line=host_line,
+        )
+        if box_services.probe_hub is not None:
+            box_services.probe_hub.on_alerts = binding.publish_alerts
+    agent = Agent(
+        box, box_services, refresh_owner=binding.refresh_owner if binding is not None else None
+    )
     # The box is ending: so do its persistent sessions and what runs in them. First,
     # while clients are still attached, so they see "[screen is terminating]".
     await serve(
@@ -295,83 +311,9 @@ async def _serve(
         sock=sock,
         host_key=args.host_key,
         stop=stop,
-        before_disconnect=lambda: asyncio.to_thread(mux.end, agent.box.name),
+        before_disconnect=lambda: asyncio.to_thread(mux.end, box.name),
     )
-    if link_stop is not None:
-        link_stop.set()
-    await agent.background.cancel_all()
-    if hub is not None:
-        await hub.close()
+    if binding is not None:
+        binding.stop()
+    await box_services.close()
     return 0
-
-
-async def _probe_hub(args: argparse.Namespace, agent: Agent) -> ProbeHub | None:
-    """Start the probe hub; a box without one still serves SSH and telemetry."""
-    import tempfile
-
-    from agent.probehub import ProbeHub
-
-    # Short (Unix socket paths are at most 107 bytes) and private to this agent: a 0700
-    # folder of its own, so that only the box's owner can connect.
-    path = args.probe_socket or (
-        Path(tempfile.mkdtemp(prefix=protocol.PROBE_FOLDER_PREFIX)) / "probe.sock"
-    )
-    hub = ProbeHub(
-        box=args.name, path=path, on_batch=agent.activity.probe, alerts_file=args.alerts_file
-    )
-    try:
-        await hub.start()
-        # For processes not started from one of the agent's sessions: devbox.probe looks here.
-        pointer = Path(args.home) / protocol.PROBE_POINTER_FILE
-        pointer.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        _remove_dead_probe_folder(pointer, keep=path)
-        private.write_text(pointer, f"{path}\n")
-    except OSError as exc:
-        logging.getLogger("devbox.agent").error("no probe hub: %s", exc)
-        return None
-    agent.probe_hub = hub
-    return hub
-
-
-def _remove_dead_probe_folder(pointer: Path, *, keep: Path) -> None:
-    """The socket folder of the agent before this one on the box (killed, it could not clean
-    up): one empty folder in /tmp per crash otherwise. Not while something still listens."""
-    import socket
-
-    try:
-        old = Path(pointer.read_text().strip())
-    except (OSError, ValueError):
-        return
-    if old == keep:
-        return
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-        try:
-            probe.connect(str(old))
-        except OSError:
-            private.remove_own_temp_folder(old.parent, protocol.PROBE_FOLDER_PREFIX)
-
-
-def _telemetry(
-    args: argparse.Namespace,
-    gpu_uuids: list[str],
-    *,
-    activity: Callable[[], protocol.Activity],
-    on_sample: Callable[[protocol.Sample], None] | None = None,
-) -> Telemetry:
-    from agent.sampling import BoxSources
-    from agent.telemetry import Telemetry
-
-    everything = (args.processes or ("all" if args.pod else "box")) == "all"
-    return Telemetry(
-        box=args.name,
-        base_rate=args.telemetry_rate,
-        activity=activity,
-        on_sample=on_sample,
-        open_sources=lambda: BoxSources(
-            # In a pod the device plugin chose what the container sees: all of it is ours.
-            gpu_uuids=None if args.pod else gpu_uuids,
-            root_pid=os.getpid(),
-            box_marker=(protocol.BOX_ENV, args.name),
-            all_processes=everything,
-        ),
-    )

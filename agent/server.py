@@ -20,12 +20,10 @@ import asyncssh
 from asyncssh.kex import get_kex_algs
 
 from agent import forwards, preauth, remoteforwards, shell
-from agent.activity import Activity
 from agent.agentfwd import AgentRelay
 from agent.probehub import ProbeHub
+from agent.services import AgentServices
 from agent.sftp import SFTPServer
-from agent.tasks import Tasks
-from agent.telemetry import Telemetry
 from devbox import protocol
 from devbox.boxes import Multiplexer
 from devbox.runs.record import MULTIPLEXER_ENV, PYTHON_ENV, RUNS_ENV, RUNS_FOLDER
@@ -97,24 +95,34 @@ class BoxIdentity:
     gpu_env: str | None  # CUDA_VISIBLE_DEVICES for sessions; None leaves it unset
     # False when the user chose "none": a plain shell is then what they asked for.
     warn_without_multiplexer: bool = True
-    activity_file: Path | None = None
     # In a pod, `home` is the owner's persistent home and sessions get it as $HOME (the
     # image's own home is lost with the pod); a local box keeps the user's $HOME.
     home_is_home: bool = False
-    # In a pod: re-reads the owner from the pod, for a key the watch has not brought yet.
-    refresh_owner: Callable[[], Awaitable[None]] | None = None
+
+    @property
+    def runs_dir(self) -> Path:
+        # Asked each time: a warm pod's home is known only once it is claimed.
+        return self.home / RUNS_FOLDER
 
 
 class Agent:
-    def __init__(self, box: BoxIdentity) -> None:
+    def __init__(
+        self,
+        box: BoxIdentity,
+        services: AgentServices,
+        *,
+        refresh_owner: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
         self.box = box
-        self.activity = Activity(box.activity_file)
+        self.activity = services.activity
+        self.telemetry = services.telemetry
+        self.probe_hub = services.probe_hub
+        # In a pod: re-reads the owner from the pod, for a key the watch has not brought yet.
+        self.refresh_owner = refresh_owner
+        self._tasks = services.tasks
         self.connections: set[asyncssh.SSHServerConnection] = set()
-        self.tasks: set[asyncio.Task[Any]] = set()  # the sessions'
-        # The agent's own long-lived work (the sampler, the runs' counter, pod API calls).
-        self.background = Tasks()
-        self.telemetry: Telemetry | None = None
-        self.probe_hub: ProbeHub | None = None
+        # The channels' own tasks (asyncssh starts them): ended when the box shuts down.
+        self.channel_tasks: set[asyncio.Task[Any]] = set()
         # Unauthenticated connections: capped, counted, logged once per interval.
         self.preauth_log = preauth.Tally()
         self.gate = preauth.Gate(self.preauth_log)
@@ -172,16 +180,12 @@ class Agent:
             env["TERM"] = term
         return env
 
-    @property
-    def runs_dir(self) -> Path:
-        return self.box.home / RUNS_FOLDER
-
     def run_env(self) -> dict[str, str]:
         """What `devbox run`'s in-box helper needs: this interpreter (which has devbox,
         whatever PATH says), the box's runs folder, and the multiplexer of its session."""
         return {
             PYTHON_ENV: sys.executable,
-            RUNS_ENV: str(self.runs_dir),
+            RUNS_ENV: str(self.box.runs_dir),
             MULTIPLEXER_ENV: self.box.multiplexer.kind,
         }
 
@@ -197,7 +201,7 @@ class Agent:
         """One SSH channel: a shell (joined to the persistent session) or a command."""
         task = asyncio.current_task()
         if task:
-            self.tasks.add(task)
+            self.channel_tasks.add(task)
         log.info("session: %s", _describe(process))
         if process.subsystem is not None:
             # Not a user at work: a dashboard watching an idle box must not keep it alive.
@@ -205,7 +209,7 @@ class Agent:
                 await self._subsystem(process, process.subsystem)
             finally:
                 if task:
-                    self.tasks.discard(task)
+                    self.channel_tasks.discard(task)
             return
         self.activity.client(+1)
         try:
@@ -217,13 +221,13 @@ class Agent:
         finally:
             self.activity.client(-1)
             if task:
-                self.tasks.discard(task)
+                self.channel_tasks.discard(task)
 
     async def _subsystem(self, process: shell.Process, name: str) -> None:
         if name == protocol.PROBE_SUBSYSTEM and self.probe_hub is not None:
             await self._probe_subsystem(process, self.probe_hub)
             return
-        if name != protocol.TELEMETRY_SUBSYSTEM or self.telemetry is None:
+        if name != protocol.TELEMETRY_SUBSYSTEM:
             process.stderr.write(f"devbox agent: no subsystem {name!r}\r\n".encode())
             process.exit(1)
             return
@@ -259,13 +263,13 @@ class Agent:
             argv=argv, env=env, cwd=self._start_folder(process, env), on_input=on_input
         )
         if not pty:
-            await shell.run_on_pipes(process, launch)
+            await shell.run_on_pipes(process, launch, tasks=self._tasks)
             return
         # A terminal client that forwarded an agent is the one the stable socket reaches.
         forwarded = _forwarded_agent(process)
         token = self.agent_relay.attach(forwarded[0]) if forwarded else None
         try:
-            await shell.run_on_pty(process, launch)
+            await shell.run_on_pty(process, launch, tasks=self._tasks)
         finally:
             if token is not None:
                 self.agent_relay.detach(token)
@@ -389,7 +393,7 @@ class _Server(asyncssh.SSHServer):
 
     async def validate_public_key(self, username: str, key: asyncssh.SSHKey) -> bool:
         accepted = self._is_owner(key)
-        refresh = self._agent.box.refresh_owner
+        refresh = self._agent.refresh_owner
         if not accepted and refresh is not None and not self._refreshed:
             # A claimer connects as soon as its claim is written, which is often before
             # the pod watch has brought it here: look at the pod once per connection.
@@ -491,9 +495,9 @@ async def serve(
             log.exception("ending the sessions failed")
     for conn in list(agent.connections):
         conn.disconnect(asyncssh.DISC_BY_APPLICATION, "box is shutting down")
-    for task in list(agent.tasks):
+    for task in list(agent.channel_tasks):
         task.cancel()
-    await asyncio.gather(*agent.tasks, return_exceptions=True)
+    await asyncio.gather(*agent.channel_tasks, return_exceptions=True)
     await agent.agent_relay.close()
     await server.wait_closed()
     agent.preauth_log.close()

@@ -18,6 +18,8 @@ from typing import Any
 
 import asyncssh
 
+from agent.tasks import Tasks
+
 # Big reads keep per-chunk Python overhead small on bulk transfers (rsync, tar).
 CHUNK = 256 * 1024
 # After a PTY shell exits, how long to wait for output still in flight; a
@@ -156,17 +158,12 @@ async def _before_close(process: Process, work: asyncio.Future[Any]) -> bool:
     return work.done()
 
 
-# Programs whose client went away while they ran, reaped when they end (a zombie per
-# disconnect otherwise). If the agent ends first, they are reparented and go on.
-_DETACHED: set[asyncio.Task[int]] = set()
-
-
-def _let_run_on(proc: subprocess.Popen[bytes]) -> None:
+def _let_run_on(proc: subprocess.Popen[bytes], tasks: Tasks) -> None:
+    """A program whose client went away while it ran is reaped when it ends (a zombie per
+    disconnect otherwise). If the agent ends first, it is reparented and goes on."""
     if proc.poll() is not None:
         return
-    task = asyncio.ensure_future(_exited(proc))
-    _DETACHED.add(task)
-    task.add_done_callback(_DETACHED.discard)
+    tasks.spawn(f"reap {proc.pid}", _exited(proc))
 
 
 class _Fds:
@@ -204,7 +201,7 @@ async def _write(fd: int, data: bytes) -> None:
             await _fd_ready(fd, write=True)
 
 
-async def run_on_pipes(process: Process, launch: Launch) -> None:
+async def run_on_pipes(process: Process, launch: Launch, *, tasks: Tasks) -> None:
     # Pipes of the agent's own rather than asyncio's: when the client goes away they are
     # closed while the program runs on, as sshd does.
     child_in, to_child = os.pipe()
@@ -255,12 +252,12 @@ async def run_on_pipes(process: Process, launch: Launch) -> None:
         fds.close_all()
         if proc.poll() is None and not hung_up:  # cancelled: the agent is shutting down
             _signal_group(proc.pid, signal.SIGHUP)
-        _let_run_on(proc)
+        _let_run_on(proc, tasks)
     if returncode is not None and not hung_up:
         _exit(process, returncode)
 
 
-async def run_on_pty(process: Process, launch: Launch) -> None:
+async def run_on_pty(process: Process, launch: Launch, *, tasks: Tasks) -> None:
     master, slave = os.openpty()
     width, height, pixwidth, pixheight = process.get_terminal_size()
     _set_winsize(master, width, height, pixwidth, pixheight)
@@ -321,6 +318,6 @@ async def run_on_pty(process: Process, launch: Launch) -> None:
         # terminal's session leader and foreground job (a screen client detaches, a shell
         # hangs up its jobs), and what ignores it, such as a nohup job, goes on.
         os.close(master)
-        _let_run_on(proc)
+        _let_run_on(proc, tasks)
     if returncode is not None:
         _exit(process, returncode)

@@ -1,12 +1,16 @@
-"""Long-lived work the agent starts and must not lose track of (kopf's guarded tasks): each
-is named, held (asyncio keeps only a weak reference to a task), and its failure is logged
-with that name instead of vanishing with the task or the executor's future."""
+"""The agent's background tasks, started in one place (kopf's create_guarded_task).
+
+The event loop keeps only a weak reference to a task: one nobody holds can vanish in the
+middle of its work, and one that fails says so only when it is collected, if ever. A task
+spawned here is held until it ends, carries a name, and its failure is logged under that
+name at once; the agent cancels and awaits those still running when it shuts down."""
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from typing import Any
 
 log = logging.getLogger("devbox.agent.tasks")
@@ -14,33 +18,31 @@ log = logging.getLogger("devbox.agent.tasks")
 
 class Tasks:
     def __init__(self) -> None:
-        self._running: set[asyncio.Future[Any]] = set()
+        self._running: set[asyncio.Task[Any]] = set()
 
-    def spawn(self, name: str, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
-        """Run `coro` until it ends or `cancel_all`; a crash is logged as `name`'s."""
+    def spawn(
+        self, name: str, coro: Coroutine[Any, Any, object], *, forever: bool = False
+    ) -> asyncio.Task[Any]:
+        """Run `coro` as a task named `name`. `forever`: it runs until cancelled, so its
+        return is a fault and is logged as one."""
         task = asyncio.get_running_loop().create_task(coro, name=name)
-        self._hold(task, name)
+        self._running.add(task)
+        task.add_done_callback(functools.partial(self._ended, forever=forever))
         return task
 
-    def offload(self, name: str, call: Callable[..., Any], *args: Any) -> None:
-        """Run a blocking `call(*args)` (an API request) in a thread, off the event loop;
-        fire and forget, except that a failure is logged as `name`'s."""
-        future = asyncio.get_running_loop().run_in_executor(None, call, *args)
-        self._hold(future, name)
+    def _ended(self, task: asyncio.Task[Any], *, forever: bool) -> None:
+        self._running.discard(task)
+        if task.cancelled():
+            return
+        exc = task.exception()  # retrieved: asyncio does not report it a second time
+        if exc is not None:
+            log.error("task %s failed: %s", task.get_name(), exc, exc_info=exc)
+        elif forever:
+            log.error("task %s ended, and it should run as long as the agent", task.get_name())
 
-    def _hold(self, future: asyncio.Future[Any], name: str) -> None:
-        self._running.add(future)
-
-        def done(f: asyncio.Future[Any]) -> None:
-            self._running.discard(f)
-            if not f.cancelled() and (exc := f.exception()) is not None:
-                log.error("%s failed: %s: %s", name, type(exc).__name__, exc)
-
-        future.add_done_callback(done)
-
-    async def cancel_all(self) -> None:
-        """End every task still running (the agent is stopping) and wait for them."""
+    async def close(self) -> None:
+        """Cancel every task still running and wait until each has ended."""
         running = list(self._running)
-        for future in running:
-            future.cancel()
+        for task in running:
+            task.cancel()
         await asyncio.gather(*running, return_exceptions=True)

@@ -13,6 +13,7 @@ import pytest
 
 from agent.server import Agent, BoxIdentity, serve
 from devbox.boxes import Multiplexer
+from tests.agent.services import bare_services
 
 
 async def _try(
@@ -32,8 +33,7 @@ async def _try(
         if names_the_key:
             box.owner_key = key
 
-    box.refresh_owner = refresh_owner
-    agent = Agent(box)
+    agent = Agent(box, bare_services(), refresh_owner=refresh_owner)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     sock.listen()
@@ -90,5 +90,5 @@ def test_in_a_pod_the_persistent_home_is_home(tmp_path: Path, home_is_home: bool
         def get_terminal_type(self) -> None:
             return None
 
-    env = Agent(box).session_env(Channel())  # type: ignore[arg-type]
+    env = Agent(box, bare_services()).session_env(Channel())  # type: ignore[arg-type]
     assert (env["HOME"] == str(tmp_path)) is home_is_home

@@ -22,6 +22,7 @@ import pytest
 from agent import preauth
 from agent.server import Agent, BoxIdentity, serve
 from devbox.boxes import Multiplexer
+from tests.agent.services import bare_services
 
 
 class _Conn:
@@ -128,7 +129,7 @@ async def _agent(
     box = BoxIdentity(
         name="b", home=tmp_path, owner_key=owner, multiplexer=Multiplexer("none"), gpu_env=None
     )
-    running = Agent(box)
+    running = Agent(box, bare_services())
     running.preauth_log = preauth.Tally(interval=interval)
     running.gate = preauth.Gate(running.preauth_log, grace=grace)
     sock = socket.socket()

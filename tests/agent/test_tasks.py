@@ -1,5 +1,5 @@
-"""The agent's long-lived work is held and named: a crash is logged as that work's, never
-lost with the task or an executor's future, and stopping the agent ends what is left."""
+"""The agent's guarded tasks: a long-lived loop that dies says so, by name, at once; one
+that is cancelled does not; and shutdown ends every task still running."""
 
 from __future__ import annotations
 
@@ -11,49 +11,44 @@ import pytest
 from agent.tasks import Tasks
 
 
-def test_a_crashed_task_and_a_failed_offloaded_call_are_logged_by_name(
+async def test_a_failing_task_is_logged_by_name_and_shutdown_cancels_the_rest(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    async def crash() -> None:
-        raise RuntimeError("NVML went away")
+    caplog.set_level(logging.INFO, logger="devbox.agent.tasks")
+    tasks = Tasks()
+    cancelled = asyncio.Event()
 
-    def refused(what: str) -> None:
-        raise PermissionError(f"pods is forbidden: {what}")
-
-    async def main() -> None:
-        tasks = Tasks()
-        task = tasks.spawn("telemetry", crash())
-        await asyncio.gather(task, return_exceptions=True)
-        tasks.offload("publish alerts", refused, "patch")
-        # The offloaded call ends in a thread; its done callback runs on the loop after.
-        for _ in range(200):
-            if "publish alerts failed" in caplog.text:
-                break
-            await asyncio.sleep(0.01)
-
-    with caplog.at_level(logging.ERROR, logger="devbox.agent.tasks"):
-        asyncio.run(main())
-    assert "telemetry failed: RuntimeError: NVML went away" in caplog.text
-    assert "publish alerts failed: PermissionError: pods is forbidden: patch" in caplog.text
-
-
-def test_cancel_all_ends_what_still_runs_and_logs_no_failure(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    started = []
-
-    async def forever() -> None:
-        started.append(True)
-        await asyncio.Event().wait()
-
-    async def main() -> asyncio.Task[None]:
-        tasks = Tasks()
-        task = tasks.spawn("runs", forever())
+    async def breaks() -> None:
         await asyncio.sleep(0)
-        await tasks.cancel_all()
-        return task
+        raise RuntimeError("the watch broke")
 
-    with caplog.at_level(logging.ERROR, logger="devbox.agent.tasks"):
-        task = asyncio.run(main())
-    assert started and task.cancelled()
-    assert "failed" not in caplog.text
+    async def runs_on() -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            cancelled.set()
+
+    broken = tasks.spawn("pod-watch", breaks(), forever=True)
+    kept = tasks.spawn("sampler", runs_on(), forever=True)
+    await asyncio.wait({broken})  # its done callback, registered first, has run by now
+    (failed,) = caplog.records
+    assert failed.levelno == logging.ERROR
+    assert "pod-watch" in failed.getMessage() and "the watch broke" in failed.getMessage()
+    assert failed.exc_info is not None and failed.exc_info[0] is RuntimeError
+
+    await tasks.close()
+    assert cancelled.is_set() and kept.cancelled()
+    assert len(caplog.records) == 1  # a cancellation at shutdown is no failure
+
+
+async def test_only_a_task_meant_to_run_forever_is_faulted_for_returning(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.INFO, logger="devbox.agent.tasks")
+    tasks = Tasks()
+    loop_task = tasks.spawn("runs", asyncio.sleep(0), forever=True)
+    one_call = tasks.spawn("annotate", asyncio.sleep(0))
+    await asyncio.wait({loop_task, one_call})
+    (ended,) = caplog.records
+    assert ended.levelno == logging.ERROR and "runs" in ended.getMessage()
+    await tasks.close()

@@ -1,0 +1,126 @@
+"""What the agent serves besides shells, built once before the SSH server: the activity
+record, the telemetry sampler, the probe hub, and the tasks that run them. The server and
+the pod binding are handed these; none of them builds or replaces one later."""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from agent.activity import Activity
+from agent.probehub import ProbeHub
+from agent.tasks import Tasks
+from agent.telemetry import Telemetry
+from devbox import private, protocol
+
+log = logging.getLogger("devbox.agent")
+
+
+@dataclass(frozen=True, kw_only=True)
+class AgentServices:
+    activity: Activity
+    telemetry: Telemetry
+    # None when its socket could not be made: the box still serves SSH and telemetry.
+    probe_hub: ProbeHub | None
+    tasks: Tasks
+
+    async def close(self) -> None:
+        await self.tasks.close()
+        if self.probe_hub is not None:
+            await self.probe_hub.close()
+
+
+async def build(
+    *,
+    box: str,
+    home: Path,
+    gpu_uuids: list[str] | None,
+    all_processes: bool,
+    telemetry_rate: float,
+    activity_file: Path | None,
+    probe_socket: Path | None,
+    alerts_file: Path | None,
+) -> AgentServices:
+    """The services of the box `box`. gpu_uuids None: every GPU this process sees is the
+    box's (in a pod the device plugin chose them); all_processes: telemetry shows every
+    process visible, not only the agent's and its sessions'."""
+    activity = Activity(activity_file)
+    return AgentServices(
+        activity=activity,
+        telemetry=_telemetry(
+            box,
+            activity,
+            gpu_uuids=gpu_uuids,
+            all_processes=all_processes,
+            rate=telemetry_rate,
+        ),
+        probe_hub=await _probe_hub(
+            box, activity, home=home, path=probe_socket, alerts_file=alerts_file
+        ),
+        tasks=Tasks(),
+    )
+
+
+def _telemetry(
+    box: str,
+    activity: Activity,
+    *,
+    gpu_uuids: list[str] | None,
+    all_processes: bool,
+    rate: float,
+) -> Telemetry:
+    from agent.sampling import BoxSources  # NVML and psutil: opened in the sampler's thread
+
+    return Telemetry(
+        box=box,
+        base_rate=rate,
+        activity=activity.snapshot,
+        on_sample=activity.observe,
+        open_sources=lambda: BoxSources(
+            gpu_uuids=gpu_uuids,
+            root_pid=os.getpid(),
+            box_marker=(protocol.BOX_ENV, box),
+            all_processes=all_processes,
+        ),
+    )
+
+
+async def _probe_hub(
+    box: str, activity: Activity, *, home: Path, path: Path | None, alerts_file: Path | None
+) -> ProbeHub | None:
+    """Start the probe hub; a box without one still serves SSH and telemetry."""
+    # Short (Unix socket paths are at most 107 bytes) and private to this agent: a 0700
+    # folder of its own, so that only the box's owner can connect.
+    path = path or Path(tempfile.mkdtemp(prefix=protocol.PROBE_FOLDER_PREFIX)) / "probe.sock"
+    hub = ProbeHub(box=box, path=path, on_batch=activity.probe, alerts_file=alerts_file)
+    try:
+        await hub.start()
+        # For processes not started from one of the agent's sessions: devbox.probe looks here.
+        pointer = home / protocol.PROBE_POINTER_FILE
+        pointer.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        _remove_dead_probe_folder(pointer, keep=path)
+        private.write_text(pointer, f"{path}\n")
+    except OSError as exc:
+        log.error("no probe hub: %s", exc)
+        return None
+    return hub
+
+
+def _remove_dead_probe_folder(pointer: Path, *, keep: Path) -> None:
+    """The socket folder of the agent before this one on the box (killed, it could not clean
+    up): one empty folder in /tmp per crash otherwise. Not while something still listens."""
+    try:
+        old = Path(pointer.read_text().strip())
+    except (OSError, ValueError):
+        return
+    if old == keep:
+        return
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+        try:
+            probe.connect(str(old))
+        except OSError:
+            private.remove_own_temp_folder(old.parent, protocol.PROBE_FOLDER_PREFIX)
