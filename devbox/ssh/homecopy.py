@@ -72,6 +72,22 @@ class _AllListed(Exception):
     """Ends the listing's workers."""
 
 
+async def _listdir(side: Side, rel: str, listing: dict[str, Entry]) -> dict[str, Entry] | None:
+    """The folder's entries; None where the box refuses, and the folder is marked so in
+    `listing`. A refused root ends the copy."""
+    try:
+        return await side.listdir(rel)
+    except Refused as exc:
+        if not rel:
+            raise
+        listing[rel] = Entry(Kind.FOLDER, error=exc.why)
+        return None
+
+
+async def _nothing() -> dict[str, Entry]:
+    return {}
+
+
 async def _walk(
     src: Side, dst: Side, exclude: frozenset[str], progress: _Progress
 ) -> tuple[dict[str, Entry], dict[str, Entry]]:
@@ -83,21 +99,11 @@ async def _walk(
     queue.put_nowait(("", True))
 
     async def visit(rel: str, on_dst: bool) -> None:
-        try:
-            inside = await src.listdir(rel)
-        except Refused as exc:
-            if not rel:
-                raise
-            here[rel] = Entry(Kind.FOLDER, error=exc.why)
-            return
-        found: dict[str, Entry] = {}
-        if on_dst:
-            try:
-                found = await dst.listdir(rel)
-            except Refused as exc:
-                if not rel:
-                    raise
-                there[rel] = Entry(Kind.FOLDER, error=exc.why)
+        inside, found = await asyncio.gather(
+            _listdir(src, rel, here), _listdir(dst, rel, there) if on_dst else _nothing()
+        )
+        if inside is None or found is None:
+            return  # the plan skips the folder, saying why
         for name, entry in found.items():
             if not excluded(child := posixpath.join(rel, name), exclude):
                 there[child] = entry
@@ -264,25 +270,21 @@ async def _copy(
 
 
 async def _sftp(box: Box, conn: asyncssh.SSHClientConnection) -> asyncssh.SFTPClient:
-    with guard(box, "", "start SFTP"):
+    with guard(box, "", "start SFTP on it"):
         # surrogateescape: a name that is not UTF-8 travels as the same bytes.
         sftp = await conn.start_sftp_client(path_errors="surrogateescape")
     return sftp
 
 
-async def copy_home_async(
+async def _copy_home(
     src: Box,
     src_sock: socket.socket,
     dst: Box,
     dst_sock: socket.socket,
-    *,
-    src_root: str = "",
-    dst_root: str = "",
-    exclude: Sequence[str] = (),
-    progress: Callable[[str], None] = lambda _: None,
+    roots: tuple[str, str],
+    exclude: frozenset[str],
+    progress: Callable[[str], None],
 ) -> Copied:
-    """copy_home's coroutine, for a caller that runs an event loop."""
-    skip = excludes(exclude)
     async with (
         session(src, src_sock) as src_conn,
         session(dst, dst_sock) as dst_conn,
@@ -290,7 +292,7 @@ async def copy_home_async(
         await _sftp(dst, dst_conn) as dst_sftp,
     ):
         copied = await _copy(
-            Side(src, src_sftp, src_root), Side(dst, dst_sftp, dst_root), skip, progress
+            Side(src, src_sftp, roots[0]), Side(dst, dst_sftp, roots[1]), exclude, progress
         )
     return copied
 
@@ -314,14 +316,5 @@ def copy_home(
     says what is sent). `progress` gets a line now and then. A failure of either session
     is one DevboxError naming its box."""
     return asyncio.run(
-        copy_home_async(
-            src,
-            src_sock,
-            dst,
-            dst_sock,
-            src_root=src_root,
-            dst_root=dst_root,
-            exclude=exclude,
-            progress=progress,
-        )
+        _copy_home(src, src_sock, dst, dst_sock, (src_root, dst_root), excludes(exclude), progress)
     )

@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import posixpath
 import stat
-from collections.abc import Callable, Coroutine, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -70,6 +70,7 @@ def guard(box: Box, path: str, doing: str, *, reading: bool = False) -> Iterator
     a Refused, and so is any failure to read a source file (a bad sector, a file turned
     folder since the listing: that file's trouble); other failures end the copy (a full
     disk on the destination would fail every file after)."""
+    what = f"{doing} {path}" if path else doing
     try:
         yield
     except _LOST as exc:
@@ -78,10 +79,12 @@ def guard(box: Box, path: str, doing: str, *, reading: bool = False) -> Iterator
     except asyncssh.SFTPError as exc:
         if reading or isinstance(exc, asyncssh.SFTPNoSuchFile | asyncssh.SFTPPermissionDenied):
             raise Refused(
-                f"box {box.name}: cannot {doing} {path}: {exc.reason}",
+                f"box {box.name}: cannot {what}: {exc.reason}",
                 why=f"box {box.name}: cannot {doing} it: {exc.reason}",
             ) from None
-        raise DevboxError(f"box {box.name}: cannot {doing} {path}: {exc.reason}") from None
+        raise DevboxError(f"box {box.name}: cannot {what}: {exc.reason}") from None
+    except asyncssh.Error as exc:  # the SFTP channel itself refused, say
+        raise DevboxError(f"box {box.name}: cannot {what}: {exc.reason}") from None
 
 
 async def all_of(coros: Iterable[Coroutine[Any, Any, None]]) -> None:
@@ -123,6 +126,14 @@ def stamp(entry: Entry, *, mode: bool = True) -> asyncssh.SFTPAttrs:
     )
 
 
+def under(root: str, rel: str) -> str:
+    """The path the SFTP server is asked for: `rel` under `root`. Root "" is the session's
+    start folder, its $HOME, as relative paths are."""
+    if not rel:
+        return root or "."
+    return posixpath.join(root, rel) if root else rel
+
+
 class Side:
     """One box's SFTP session and the root a copy's relative paths are under."""
 
@@ -132,10 +143,7 @@ class Side:
         self.root = root.rstrip("/") or root
 
     def path(self, rel: str) -> str:
-        # Root "": the session's start folder, its $HOME, as relative paths are.
-        if not rel:
-            return self.root or "."
-        return posixpath.join(self.root, rel) if self.root else rel
+        return under(self.root, rel)
 
     def guard(
         self, rel: str, doing: str, *, reading: bool = False
@@ -231,6 +239,22 @@ async def _pump(
         ahead.add_done_callback(lambda t: t.cancelled() or t.exception())
 
 
+@contextlib.asynccontextmanager
+async def _closing(
+    side: Side, rel: str, file: asyncssh.SFTPClientFile, *, reading: bool = False
+) -> AsyncIterator[None]:
+    """Close `file` after the body. After a failure, quietly and briefly: the failure is
+    the one to tell (its box may be the one gone, and then this close cannot be answered)."""
+    try:
+        yield
+    except BaseException:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(file.close(), CLEANUP_SECONDS)
+        raise
+    with side.guard(rel, "read" if reading else "write", reading=reading):
+        await file.close()
+
+
 async def send_file(
     src: Side, dst: Side, rel: str, entry: Entry, sent: Callable[[int], None]
 ) -> None:
@@ -239,7 +263,7 @@ async def send_file(
     tmp = posixpath.join(posixpath.dirname(rel), temp_name())
     with src.guard(rel, "read", reading=True):
         reader = await src.sftp.open(src.path(rel), "rb")
-    async with reader:
+    async with _closing(src, rel, reader, reading=True):
         with dst.guard(rel, "write"):
             writer = await dst.sftp.open(
                 dst.path(tmp),
@@ -248,7 +272,7 @@ async def send_file(
                 encoding=None,
             )
         try:
-            async with writer:
+            async with _closing(dst, rel, writer):
                 await _pump(src, dst, rel, entry.size, (reader, writer), sent)
                 with dst.guard(rel, "write"):
                     await writer.setstat(stamp(entry))

@@ -47,9 +47,8 @@ class Boxes:
         return self.user.home / "dst"
 
     def sockets(self) -> tuple[socket.socket, socket.socket]:
-        return connect.open_socket(self.backend, self.old), connect.open_socket(
-            self.backend, self.new
-        )
+        old = connect.open_socket(self.backend, self.old)
+        return old, connect.open_socket(self.backend, self.new)
 
     def copy(
         self, *, exclude: tuple[str, ...] = (), progress: Callable[[str], None] | None = None
@@ -90,6 +89,11 @@ def write(path: Path, data: bytes, *, mode: int = 0o644, mtime: int = T) -> Path
     return path
 
 
+def write_all(root: Path, files: dict[str, bytes]) -> None:
+    for rel, data in files.items():
+        write(root / rel, data)
+
+
 def symlink(path: Path, target: str, *, mtime: int = T) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.symlink_to(target)
@@ -115,6 +119,10 @@ def tree(root: Path) -> dict[str, tuple[object, ...]]:
     return found
 
 
+def regular_files(root: Path) -> list[Path]:
+    return [p for p in root.rglob("*") if stat.S_ISREG(p.lstat().st_mode)]
+
+
 def summary(lines: list[str]) -> str:
     return next(line for line in lines if "sending" in line)
 
@@ -133,6 +141,7 @@ def test_a_tree_arrives_intact_then_only_what_changed_travels(boxes: Boxes) -> N
     write(src / "private/key", b"secret\n", mode=0o600)
     write(src / "frozen/inside.txt", b"in a read-only folder\n")
     write(src / "empty.txt", b"")
+    write(src / os.fsdecode(b"latin-1 caf\xe9.txt"), b"a name that is not UTF-8\n")
     (src / "empty").mkdir()
     symlink(src / "to-deep", "a/b/c/deep.txt")
     symlink(src / "outside", "/etc/hostname")  # outside the tree, never followed
@@ -147,18 +156,17 @@ def test_a_tree_arrives_intact_then_only_what_changed_travels(boxes: Boxes) -> N
     assert tree(boxes.dst) == tree(src)
     files_and_links = sorted(rel for rel, what in tree(src).items() if what[0] != "folder")
     assert copied.sent == files_and_links
-    assert copied.sent_bytes == sum(len(p.read_bytes()) for p in src.rglob("*") if p.is_file()
-                                    and not p.is_symlink())  # fmt: skip
+    assert copied.sent_bytes == sum(p.lstat().st_size for p in regular_files(src))
     assert copied.folders == 7  # dst itself, a, a/b, a/b/c, private, frozen, empty
     assert copied.kept_newer == [] and copied.skipped == []
     assert len(lines) < len(files_and_links)  # now and then, not one a file
-    assert "sending 7 files (5.0 MiB) and 3 links, making 6 folders; 0 unchanged" in summary(lines)
+    assert "sending 8 files (5.0 MiB) and 3 links, making 6 folders; 0 unchanged" in summary(lines)
     assert partial_files(boxes.dst) == []
 
     again, lines = boxes.copy()
     assert (again.sent, again.sent_bytes, again.folders) == ([], 0, 0)
     assert again.kept_newer == [] and again.skipped == []
-    assert "sending 0 files (0 B) and 0 links, making 0 folders; 10 unchanged" in summary(lines)
+    assert "sending 0 files (0 B) and 0 links, making 0 folders; 11 unchanged" in summary(lines)
 
     # Same size, new data, a later time: whole-second mtimes tell it changed.
     write(src / "a/b/c/deep.txt", b"DEEP\n", mtime=T + 60)
@@ -170,13 +178,15 @@ def test_a_tree_arrives_intact_then_only_what_changed_travels(boxes: Boxes) -> N
 
 def test_work_on_the_destination_is_never_lost(boxes: Boxes) -> None:
     src, dst, home = boxes.src, boxes.dst, boxes.user.home
-    write(src / "notes.txt", b"written on the old box\n")
-    write(src / "plain.txt", b"plain\n")
-    write(src / "planted-new", b"the source's file\n")
-    write(src / "planted-old", b"the source's file\n")
-    write(src / "dir-is-link/inside.txt", b"must not land outside\n")
-    write(src / "was-a-folder", b"a file on the source\n")
-    write(src / "sub/more.txt", b"more\n")
+    write_all(src, {
+        "notes.txt": b"written on the old box\n",
+        "plain.txt": b"plain\n",
+        "planted-new": b"the source's file\n",
+        "planted-old": b"the source's file\n",
+        "dir-is-link/inside.txt": b"must not land outside\n",
+        "was-a-folder": b"a file on the source\n",
+        "sub/more.txt": b"more\n",
+    })  # fmt: skip
 
     write(dst / "notes.txt", b"edited on the new box since\n", mtime=T + 100)
     write(dst / "only-here.txt", b"made on the new box\n")
@@ -214,14 +224,16 @@ def test_work_on_the_destination_is_never_lost(boxes: Boxes) -> None:
 
 def test_special_vanished_and_excluded_files_stay_behind(boxes: Boxes) -> None:
     src, dst = boxes.src, boxes.dst
-    write(src / "keep.txt", b"keep\n")
+    write_all(src, {
+        "keep.txt": b"keep\n",
+        ".cache/pip/wheel.whl": b"cached\n",
+        "data/raw/shard0": b"huge\n",
+        "data/raw2/shard0": b"not excluded: another name\n",
+        "data/clean.csv": b"a,b\n",
+        "gone.txt": b"deleted while the copy runs\n",
+        "turned.txt": b"a folder by the time it is read: unreadable, even for root\n",
+    })  # fmt: skip
     os.mkfifo(src / "pipe")
-    write(src / ".cache/pip/wheel.whl", b"cached\n")
-    write(src / "data/raw/shard0", b"huge\n")
-    write(src / "data/raw2/shard0", b"not excluded: another name\n")
-    write(src / "data/clean.csv", b"a,b\n")
-    write(src / "gone.txt", b"deleted while the copy runs\n")
-    write(src / "turned.txt", b"a folder by the time it is read: unreadable, even for root\n")
 
     def change_after_listing(line: str) -> None:
         if "sending" in line:  # the plan is made: the files are listed, not yet read
@@ -231,7 +243,7 @@ def test_special_vanished_and_excluded_files_stay_behind(boxes: Boxes) -> None:
 
     copied, _ = boxes.copy(exclude=(".cache", "./data/raw/"), progress=change_after_listing)
     assert copied.sent == ["data/clean.csv", "data/raw2/shard0", "keep.txt"]
-    assert copied.sent_bytes == len(b"a,b\n" b"not excluded: another name\n" b"keep\n")
+    assert copied.sent_bytes == len(b"a,b\nnot excluded: another name\nkeep\n")
     assert len(copied.skipped) == 3, copied.skipped
     gone, pipe, turned = copied.skipped
     assert pipe == "pipe (a fifo)"

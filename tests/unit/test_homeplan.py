@@ -1,10 +1,14 @@
-"""What a home copy sends, keeps and skips, from two listings (devbox.ssh.homeplan)."""
+"""What a home copy sends, keeps and skips, from two listings (devbox.ssh.homeplan), and
+how it reads a listing and names paths (devbox.ssh.homesftp's pure parts)."""
 
 from __future__ import annotations
+
+import stat
 
 import pytest
 
 from devbox.errors import UsageError
+from devbox.ssh._asyncssh import asyncssh
 from devbox.ssh.homeplan import (
     TEMP_PREFIX,
     Entry,
@@ -16,6 +20,7 @@ from devbox.ssh.homeplan import (
     plan,
     temp_name,
 )
+from devbox.ssh.homesftp import entry_of, under
 
 FOLDER = Entry(Kind.FOLDER, mode=0o755, mtime=100)
 
@@ -170,3 +175,26 @@ def test_below_means_strictly_inside() -> None:
     assert below("a/b/c", {"a"})
     assert not below("a", {"a"})
     assert not below("ab/c", {"a"})
+
+
+@pytest.mark.parametrize(
+    ("root", "rel", "path"),
+    [("", "", "."), ("", "a/b", "a/b"), ("src", "", "src"), ("src", "a", "src/a"),
+     ("/abs", "a", "/abs/a"), ("/", "a", "/a")],
+)  # fmt: skip
+def test_paths_under_a_root(root: str, rel: str, path: str) -> None:
+    assert under(root, rel) == path
+
+
+def test_a_listing_entry_says_the_kind_and_keeps_only_permission_bits() -> None:
+    def of(mode: int) -> Entry:
+        return entry_of(asyncssh.SFTPAttrs(permissions=mode, size=7, mtime=123))
+
+    assert of(stat.S_IFREG | stat.S_ISUID | 0o4755) == Entry(Kind.FILE, 7, 123, 0o755)
+    assert of(stat.S_IFDIR | stat.S_ISVTX | 0o1777).mode == 0o777
+    assert of(stat.S_IFLNK | 0o777).kind is Kind.LINK
+    assert of(stat.S_IFIFO | 0o600).kind is Kind.FIFO
+    assert of(stat.S_IFSOCK | 0o600).kind is Kind.SOCKET
+    assert of(stat.S_IFCHR | 0o600).kind is Kind.DEVICE
+    assert of(stat.S_IFBLK | 0o600).kind is Kind.DEVICE
+    assert entry_of(asyncssh.SFTPAttrs()).kind is Kind.OTHER  # a server that says nothing
