@@ -130,6 +130,9 @@ class Box:
     multiplexer: str = ""
     # devbox.probe's model alerts as one short cell ("nan:fc"), for `devbox ls`; empty: none.
     alerts: str = ""
+    # Which of the user's clusters ([clusters.NAME] in config.toml) holds the box; empty:
+    # one cluster, or the local backend.
+    cluster: str = ""
     # Details only the backend that wrote them reads (a keeper's pid, a home path).
     extra: dict[str, str] = field(default_factory=dict)
 
@@ -191,6 +194,7 @@ class Box:
             # A record an earlier devbox wrote kept the session's kind among the extras.
             multiplexer=str(data.get("multiplexer", extra.pop("multiplexer", ""))),
             alerts=str(data.get("alerts", "")),
+            cluster=str(data.get("cluster", "")),
             extra=extra,
         )
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import re
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,9 @@ from devbox.profiles import Profile
 
 BACKENDS = ("local", "kubernetes")
 MULTIPLEXERS = ("auto", "screen", "tmux", "none")
+# A cluster's name in config.toml, in tables, on the command line and in `ls`: short, and
+# safe in a file name and an ssh-config ProxyCommand.
+_CLUSTER_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?$")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,6 +44,32 @@ class Config:
     # Local backend: the agent's port (`devbox up --port`; 0: any free one). A flag only,
     # not a key of the config file: two boxes cannot share one port.
     port: int = 0
+    # Kubernetes: a kubeconfig file of this cluster's own; empty: $KUBECONFIG or ~/.kube/config.
+    kubeconfig: str = ""
+    # Several clusters ([clusters.NAME] tables), most preferred first; empty: one, the
+    # settings above. A new pod that is not scheduled within schedule_timeout seconds is
+    # deleted and the next cluster tried; a cluster that failed so is tried last for
+    # failure_memory seconds.
+    clusters: tuple[ClusterConfig, ...] = ()
+    schedule_timeout: float = 10.0
+    failure_memory: float = 60.0
+
+
+@dataclass(frozen=True, kw_only=True)
+class ClusterConfig:
+    """One of several clusters: where it is (kubeconfig, context, namespace), how much it
+    is preferred (lower first; the file's order breaks ties) and which profiles it offers
+    (empty: all it knows)."""
+
+    name: str
+    preference: int
+    profiles: tuple[str, ...] = ()
+    # The whole Config of a box in this cluster: the top-level settings with this
+    # cluster's own (context, namespace, kubeconfig, image, storage class...) over them.
+    config: Config
+
+    def offers(self, profile: str) -> bool:
+        return not self.profiles or profile in self.profiles
 
 
 _FIELDS: dict[str, type] = {
@@ -54,6 +83,24 @@ _FIELDS: dict[str, type] = {
     "home_size": str,
     "service_account": str,
     "priority_class": str,
+    "kubeconfig": str,
+    "schedule_timeout": float,
+    "failure_memory": float,
+}
+# What a [clusters.NAME] table may set: where the cluster is, and what differs between
+# clusters (a storage class, an image registry); the rest is the user's, for all of them.
+_CLUSTER_FIELDS: dict[str, type] = {
+    key: _FIELDS[key]
+    for key in (
+        "context",
+        "namespace",
+        "kubeconfig",
+        "image",
+        "home_storage_class",
+        "home_size",
+        "service_account",
+        "priority_class",
+    )
 }
 _REMOVED = {
     "warm_priority_class": "warm pods now run at priority_class, as every box (see README)",
@@ -78,23 +125,37 @@ def load(path: Path | None = None) -> Config:
     return _validate(data, path)
 
 
+def _typed(key: str, value: Any, kind: type, where: str) -> Any:
+    if kind is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise UsageError(f"{where}: {key} must be a {kind.__name__}")
+    return value
+
+
 def _validate(data: dict[str, Any], path: Path) -> Config:
     values: dict[str, Any] = {}
+    where = f"config file {path}"
     for key, value in data.items():
-        if key == "profiles":
-            values[key] = profiles.parse_table(value, source=f"config file {path}")
+        if key in ("profiles", "clusters"):
             continue
         if key in _REMOVED:
-            raise UsageError(f"config file {path}: {key} was removed: {_REMOVED[key]}")
+            raise UsageError(f"{where}: {key} was removed: {_REMOVED[key]}")
         kind = _FIELDS.get(key)
         if kind is None:
-            raise UsageError(f"config file {path}: unknown setting {key!r}")
-        if kind is float and isinstance(value, int) and not isinstance(value, bool):
-            value = float(value)
-        if not isinstance(value, kind) or isinstance(value, bool):
-            raise UsageError(f"config file {path}: {key} must be a {kind.__name__}")
-        values[key] = value
+            raise UsageError(f"{where}: unknown setting {key!r}")
+        values[key] = _typed(key, value, kind, where)
+    if "profiles" in data:
+        values["profiles"] = profiles.parse_table(data["profiles"], source=where)
+    if "clusters" in data and "backend" not in data:
+        values["backend"] = "kubernetes"  # clusters are Kubernetes clusters
     config = Config(**values)
+    for key in ("schedule_timeout", "failure_memory"):
+        seconds = getattr(config, key)
+        if not 0 < seconds <= 3600:  # false for nan too
+            raise UsageError(f"{where}: {key} must be in (0, 3600] seconds (got {seconds:g})")
+    if "clusters" in data:
+        config = replace(config, clusters=_clusters(data["clusters"], config, where))
     if config.backend not in BACKENDS:
         raise UsageError(f"config file {path}: backend must be one of {', '.join(BACKENDS)}")
     if config.multiplexer not in MULTIPLEXERS:
@@ -114,6 +175,51 @@ def _validate(data: dict[str, Any], path: Path) -> Config:
             f"(lowercase DNS subdomain), not {config.priority_class!r}"
         )
     return config
+
+
+def _clusters(table: Any, base: Config, where: str) -> tuple[ClusterConfig, ...]:
+    if not isinstance(table, dict) or not table:
+        raise UsageError(f"{where}: clusters must be tables, as [clusters.NAME]")
+    out = []
+    for order, (name, entry) in enumerate(table.items()):
+        if not _CLUSTER_NAME.match(name):
+            raise UsageError(
+                f"{where}: cluster name {name!r} must be 1-32 lowercase letters, digits or "
+                "'-', starting and ending with a letter or digit"
+            )
+        here = f"{where}: [clusters.{name}]"
+        if not isinstance(entry, dict):
+            raise UsageError(f"{here} must be a table")
+        own: dict[str, Any] = {}
+        preference = order
+        offered: tuple[str, ...] = ()
+        for key, value in entry.items():
+            if key == "preference":
+                if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                    raise UsageError(f"{here}: preference must be a whole number >= 0")
+                preference = value
+            elif key == "profiles":
+                if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                    raise UsageError(f"{here}: profiles must be a list of profile names")
+                for profile in value:
+                    profiles.check_name(profile, f"{here}: a profile name")
+                offered = tuple(value)
+            elif key in _CLUSTER_FIELDS:
+                own[key] = _typed(key, value, _CLUSTER_FIELDS[key], here)
+            else:
+                raise UsageError(f"{here}: unknown setting {key!r}")
+        if own.get("priority_class") and not _SUBDOMAIN.match(own["priority_class"]):
+            raise UsageError(f"{here}: priority_class must be a PriorityClass name")
+        out.append(
+            ClusterConfig(
+                name=name,
+                preference=preference,
+                profiles=offered,
+                config=replace(base, **own),
+            )
+        )
+    # Stable: equal preferences keep the file's order.
+    return tuple(sorted(out, key=lambda c: c.preference))
 
 
 def select_backend(flag: str | None, config: Config) -> str:

@@ -14,16 +14,51 @@ import dataclasses
 import importlib
 import socket
 import threading
+from typing import TYPE_CHECKING, Any
 
 from devbox import config as config_mod
 from devbox.backends import get as get_backend
 from devbox.backends.base import Backend
 from devbox.boxes import Box
-from devbox.errors import DevboxError
+from devbox.errors import DevboxError, UsageError
+
+if TYPE_CHECKING:
+    from devbox.backends.clusters import Clusters
 
 
 def backend_for(args: argparse.Namespace) -> Backend:
-    """The backend the command's flags and the user's config name, with the flags' overrides."""
+    """The backend the command's flags and the user's config name, with the flags' overrides:
+    with [clusters] in the config, all of them as one (devbox.backends.clusters)."""
+    cfg, overrides = _config(args)
+    chosen = config_mod.select_backend(getattr(args, "backend", None), cfg)
+    cluster = getattr(args, "cluster", None)
+    # --context or --namespace address one cluster directly, as without [clusters].
+    direct = "context" in overrides or "namespace" in overrides
+    if chosen == "kubernetes" and cfg.clusters and not direct:
+        return _clusters(cfg, overrides, cluster)
+    if cluster is not None:
+        raise UsageError(
+            f"--cluster {cluster}: your config lists no clusters ([clusters.NAME] tables; "
+            "see the README)"
+            if chosen == "kubernetes"
+            else "--cluster applies to the kubernetes backend only"
+        )
+    return get_backend(chosen, cfg)
+
+
+def clusters_for(args: argparse.Namespace) -> Clusters:
+    """The user's clusters, for what only several clusters have (`devbox clusters`, `move`);
+    a one-line UsageError when the config lists none."""
+    cfg, overrides = _config(args)
+    if not cfg.clusters:
+        raise UsageError(
+            f"devbox {args.command} needs your clusters: list them as [clusters.NAME] "
+            "tables in your config (see the README)"
+        )
+    return _clusters(cfg, overrides, getattr(args, "cluster", None))
+
+
+def _config(args: argparse.Namespace) -> tuple[config_mod.Config, dict[str, Any]]:
     cfg = config_mod.load()
     overrides = {
         key: value
@@ -35,8 +70,17 @@ def backend_for(args: argparse.Namespace) -> Backend:
         )
         if value is not None
     }
-    cfg = dataclasses.replace(cfg, **overrides)
-    return get_backend(config_mod.select_backend(getattr(args, "backend", None), cfg), cfg)
+    return dataclasses.replace(cfg, **overrides), overrides
+
+
+def _clusters(cfg: config_mod.Config, overrides: dict[str, Any], pinned: str | None) -> Clusters:
+    from devbox.backends.clusters import Clusters
+
+    each = tuple(
+        dataclasses.replace(c, config=dataclasses.replace(c.config, **overrides))
+        for c in cfg.clusters
+    )
+    return Clusters(config=dataclasses.replace(cfg, clusters=each), pinned=pinned)
 
 
 def refresh_ssh_config(backend: Backend) -> None:

@@ -96,8 +96,15 @@ class Backend(Protocol):
         """The backend's warm pool; UsageError (one line) where it has none."""
         ...
 
-    def autoscaler_world(self) -> Inspectable:
-        """What `devbox autoscaler` and `devbox explain` observe and act on here."""
+    def autoscaler_world(self, box: str | None = None) -> Inspectable:
+        """What `devbox autoscaler` and `devbox explain` observe and act on here: where
+        the backend spans several clusters, the one holding box `box` (or the one the
+        user named; a one-line UsageError when neither says which)."""
+        ...
+
+    def autoscaler_worlds(self) -> builtins.list[tuple[str, Inspectable]]:
+        """(cluster, world) for each world an autoscaler looks after from here: one, with
+        an empty name, unless the backend spans several clusters."""
         ...
 
     def sync_root(self, box: Box) -> str | None:

@@ -157,6 +157,9 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("local", "kubernetes"),
         help="where boxes live (default: $DEVBOX_BACKEND, the config, local)",
     )
+    backend.add_argument(
+        "--cluster", help="kubernetes: one of your config's [clusters.NAME] (default: all)"
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     up = _command(
@@ -175,6 +178,27 @@ def build_parser() -> argparse.ArgumentParser:
         "--profile", default="default", help="the box's profile (`devbox profiles`; default)"
     )
     up.add_argument("--timeout", type=_seconds, help="seconds to wait for the box to start")
+
+    clusters = _command(
+        sub,
+        "clusters",
+        "devbox.commands.clusters:show",
+        parents=[backend],
+        help="what devbox sees of each of your clusters",
+    )
+    clusters.add_argument("--json", action="store_true", help="one JSON array, a cluster each")
+    move = _command(
+        sub,
+        "move",
+        "devbox.commands.clusters:move",
+        parents=[backend],
+        help="carry a box and its home to another cluster",
+    )
+    move.add_argument("name")
+    _offer(move, name=BOX_NAME)
+    move.add_argument("--to", required=True, metavar="CLUSTER", help="the cluster to move to")
+    move.add_argument("--timeout", type=_seconds, help="seconds to wait for the new box")
+    move.add_argument("--json", action="store_true", help="what was copied, as JSON")
 
     ls = _command(sub, "ls", "devbox.commands.boxes:ls", parents=[backend], help="list your boxes")
     ls.add_argument("--json", action="store_true", help="one JSON array of box records")

@@ -63,12 +63,15 @@ def ls(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([b.to_json() for b in boxes]))
     else:
-        rows = [("NAME", "BACKEND", "STATE", "GPUS", "AGE", "IDLE", "RELEASE", "KEPT", "ALERTS")]
+        # Which cluster, where the user has several (config.toml's [clusters.NAME]).
+        where = any(b.cluster for b in boxes)
+        second = "CLUSTER" if where else "BACKEND"
+        rows = [("NAME", second, "STATE", "GPUS", "AGE", "IDLE", "RELEASE", "KEPT", "ALERTS")]
         for b in boxes:
             rows.append(
                 (
                     b.name,
-                    b.backend,
+                    b.cluster if where else b.backend,
                     b.state.value,
                     str(b.spec.gpus),
                     age(now - b.created_at),

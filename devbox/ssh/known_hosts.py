@@ -60,6 +60,18 @@ def pin(box_name: str, host_key: str, path: Path | None = None) -> list[str]:
     return [k for k in _keys_of(current, host) if k != key]
 
 
+def pin_also(box_name: str, host_key: str, path: Path | None = None) -> None:
+    """Pin `host_key` beside the box's other keys: while `devbox move` copies a home, two
+    boxes of one name (its old and its new, each as its own cluster published it) serve."""
+    path = path or paths.known_hosts_file()
+    host = alias(box_name)
+    key = " ".join(host_key.split()[:2])
+    with _locked(path):
+        current = _read(path)
+        if key not in _keys_of(current, host):
+            _write(path, [*current, f"{host} {key}"])
+
+
 def _keys_of(lines: list[str], host: str) -> list[str]:
     # "NAMES TYPE BASE64 [COMMENT]"; markers (@revoked) and hashed names are never devbox's.
     keys = []

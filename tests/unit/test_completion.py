@@ -110,7 +110,7 @@ def test_box_names_and_run_ids_where_they_go(env: dict[str, str]) -> None:
         and cli.offers(p) == cli.BOX_NAME
     ]
     wanted = ["down", "ssh", "proxy", "keep", "stats", "probe", "runs", "logs", "attach"]
-    wanted += ["kill", "sync", "explain"]
+    wanted += ["kill", "sync", "explain", "move"]
     assert sorted(box_commands) == sorted(wanted)
     lines = [f"devbox {c} " for c in box_commands]
     lines += [f"devbox {c} alpha " for c in ("logs", "attach", "kill")]

@@ -50,6 +50,11 @@ def _gone(call: Callable[[], object]) -> bool:
     return False
 
 
+class NotScheduled(ResourceError):
+    """A new pod found no node within the claim's bound (its pod is deleted): another
+    cluster may have room."""
+
+
 def _stderr(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
@@ -69,7 +74,9 @@ class KubernetesBackend:
     def cluster(self) -> api.Cluster:
         if self._cluster is None:
             self._cluster = api.connect(
-                context=self.config.context, namespace=self.config.namespace
+                context=self.config.context,
+                namespace=self.config.namespace,
+                path=self.config.kubeconfig,
             )
         return self._cluster
 
@@ -132,6 +139,12 @@ class KubernetesBackend:
             raise UsageError(f"box {name!r} belongs to {box.owner or 'the warm pool'}")
         return box
 
+    def exists(self, name: str) -> bool:
+        """Whether any box of any owner is called `name` in the namespace."""
+        names.validate_name(name)
+        with api.errors(self.cluster):
+            return self._find(name) is not None
+
     def keep(self, name: str, *, until: float) -> Box:
         box = self.get(name)  # the owner's, or a clear error
         c = self.cluster
@@ -166,7 +179,20 @@ class KubernetesBackend:
 
     # --- claim ----------------------------------------------------------------------
 
-    def claim(self, spec: BoxSpec, *, name: str | None = None) -> Box:
+    def claim(
+        self,
+        spec: BoxSpec,
+        *,
+        name: str | None = None,
+        warm: builtins.list[dict[str, Any]] | None = None,
+        schedule_within: float | None = None,
+        name_checked: bool = False,
+    ) -> Box:
+        """The protocol's claim, with what several clusters need (devbox.backends.clusters):
+        `warm`, the ready warm pods as `ready_warm` listed them already (None: list them
+        now); `schedule_within`, seconds a new pod may wait for a node before it is deleted
+        and NotScheduled raised (None: it waits out start_timeout); `name_checked`: the
+        caller has seen that no box is called `name`."""
         if self.config.port:
             raise UsageError("--port applies to the local backend only")
         owner_key = ensure_user_key()
@@ -175,11 +201,11 @@ class KubernetesBackend:
         with api.errors(c):
             if name is None:
                 name = names.generate_name()
-            elif self._find(name) is not None:
+            elif not name_checked and self._find(name) is not None:
                 raise UsageError(
                     f"a box named {name!r} already exists in namespace {c.namespace!r}"
                 )
-            pod = self._claim_warm(spec, name, owner_key)
+            pod = self._claim_warm(spec, name, owner_key, warm)
             created = pod is None
             if pod is None:
                 # A warm pod already mounts the homes volume; only a new pod may be its first.
@@ -187,13 +213,31 @@ class KubernetesBackend:
                 pod = self._create(spec, name, owner_key)
             pod_name = pods.name(pod)
             try:
-                box = self._wait_ready(pod_name, spec=spec, deadline=deadline, first=pod)
+                box = self._wait_ready(
+                    pod_name,
+                    spec=spec,
+                    deadline=deadline,
+                    first=pod,
+                    schedule_within=schedule_within,
+                )
             except BaseException:
                 if created:  # nothing half-made is left behind
                     self._delete(pod_name, wait=False)
                 raise
         known_hosts.pin(box.name, box.host_key)
         return box
+
+    def ready_warm(self, spec: BoxSpec) -> builtins.list[dict[str, Any]]:
+        """The warm pods a claim of `spec` may take now: ready, of its very shape. Only a
+        pod of that shape: one made before its profile changed serves nobody."""
+        selector = f"{self._pool_selector(spec)},{pods.LABEL_SHAPE}={pods.shape(self.config, spec)}"
+        with api.errors(self.cluster):
+            return [pod for pod in self._pods(selector) if pods.is_ready_warm(pod)]
+
+    def free_gpus(self) -> builtins.list[capacity.NodeGpus] | None:
+        """Allocatable and unrequested GPUs per schedulable node; None: nodes unreadable."""
+        with api.errors(self.cluster):
+            return capacity.gpus_by_node(self.cluster.rest)
 
     def _ensure_homes(self) -> None:
         c = self.cluster
@@ -203,11 +247,15 @@ class KubernetesBackend:
             if exc.status != 409:  # 409: it exists, as it should after the first claim
                 raise
 
-    def _claim_warm(self, spec: BoxSpec, name: str, owner_key: str) -> dict[str, Any] | None:
-        """The warm pod this claim took, as the PATCH answered it, or None. Only a pod of
-        the very shape asked for: one made before its profile changed serves nobody."""
-        selector = f"{self._pool_selector(spec)},{pods.LABEL_SHAPE}={pods.shape(self.config, spec)}"
-        ready = [pod for pod in self._pods(selector) if pods.is_ready_warm(pod)]
+    def _claim_warm(
+        self,
+        spec: BoxSpec,
+        name: str,
+        owner_key: str,
+        listed: builtins.list[dict[str, Any]] | None,
+    ) -> dict[str, Any] | None:
+        """The warm pod this claim took, as the PATCH answered it, or None."""
+        ready = builtins.list(self.ready_warm(spec) if listed is None else listed)
         # Concurrent claimers start at different pods, so most first tries succeed.
         random.shuffle(ready)
         c = self.cluster
@@ -243,7 +291,13 @@ class KubernetesBackend:
         return pod
 
     def _wait_ready(
-        self, pod_name: str, *, spec: BoxSpec, deadline: float, first: dict[str, Any] | None = None
+        self,
+        pod_name: str,
+        *,
+        spec: BoxSpec,
+        deadline: float,
+        first: dict[str, Any] | None = None,
+        schedule_within: float | None = None,
     ) -> Box:
         """Follow the pod to Running with its agent listening; say what happens.
 
@@ -255,6 +309,7 @@ class KubernetesBackend:
         c = self.cluster
         seen_events: set[str] = set()
         said = ""
+        schedule_by = None if schedule_within is None else time.monotonic() + schedule_within
         while True:
             pod, first = first or c.rest.get(c.pods(pod_name)), None
             ann = pods.annotations_of(pod)
@@ -279,7 +334,13 @@ class KubernetesBackend:
                         )
                     why = f"{why}; {capacity.describe(free)}"
                 self.progress(why)
-            if time.monotonic() > deadline:
+            now = time.monotonic()
+            if schedule_by is not None and now > schedule_by and not pods.node_of(pod):
+                raise NotScheduled(
+                    f"box pod {pod_name} was not scheduled within {schedule_within:g}s"
+                    + (f": {said}" if said else "")
+                )
+            if now > deadline:
                 raise ResourceError(
                     f"box pod {pod_name} was not ready within {self.config.start_timeout:g}s"
                     + (f": {said}" if said else "")
@@ -387,7 +448,10 @@ class KubernetesBackend:
         ns = box.extra.get("namespace")
         return ["--namespace", ns] if ns else []
 
-    def autoscaler_world(self) -> Inspectable:
+    def autoscaler_worlds(self) -> builtins.list[tuple[str, Inspectable]]:
+        return [("", self.autoscaler_world())]
+
+    def autoscaler_world(self, box: str | None = None) -> Inspectable:
         from devbox.backends.kubernetes.autoscaling import KubeWorld
 
         return KubeWorld(self)

@@ -44,9 +44,10 @@ class Cluster:
         return f"/{group}/namespaces/{quote(self.namespace)}/{kind}{tail}"
 
 
-def connect(*, context: str = "", namespace: str = "") -> Cluster:
-    """Credentials as kubectl finds them: $KUBECONFIG or ~/.kube/config, else in-cluster."""
-    endpoint = kubeconfig.load(context=context)
+def connect(*, context: str = "", namespace: str = "", path: str = "") -> Cluster:
+    """Credentials as kubectl finds them: $KUBECONFIG or ~/.kube/config, else in-cluster;
+    `path`, a kubeconfig file of the cluster's own, instead of the first two."""
+    endpoint = kubeconfig.load(context=context, path=path)
     return Cluster(
         rest=Rest(endpoint),
         namespace=namespace or endpoint.namespace,

@@ -8,18 +8,23 @@ from devbox.backends.kubernetes.pods import GPU, count_of
 from devbox.backends.kubernetes.rest import Rest
 from devbox.errors import DevboxError
 
+# The GPU model, as NVIDIA's GPU feature discovery labels a node ("NVIDIA-A100-SXM4-80GB").
+PRODUCT_LABEL = "nvidia.com/gpu.product"
+
 
 @dataclass(frozen=True)
 class NodeGpus:
     node: str
     allocatable: int
     free: int
+    product: str = ""  # empty: the node does not say
 
 
 def gpus_by_node(rest: Rest) -> list[NodeGpus] | None:
-    """Allocatable and unrequested GPUs per node; None when the user may not list nodes.
-    Reading other namespaces' pods may be forbidden too; then free is reported as
-    allocatable (an upper bound)."""
+    """Allocatable and unrequested GPUs per node that takes new pods (a cordoned node is
+    left out); None when the user may not list nodes. Reading other namespaces' pods may
+    be forbidden too; then free is reported as allocatable (an upper bound). Taints are
+    not weighed: whether a pod tolerates them is the scheduler's to say."""
     try:
         nodes = rest.get("/api/v1/nodes")["items"]
     except DevboxError:
@@ -40,10 +45,13 @@ def gpus_by_node(rest: Rest) -> list[NodeGpus] | None:
         used = {}
     out = []
     for node in nodes:
+        if (node.get("spec") or {}).get("unschedulable"):
+            continue
         alloc = count_of(((node.get("status") or {}).get("allocatable") or {}).get(GPU, 0))
         name = node["metadata"]["name"]
+        product = str((node["metadata"].get("labels") or {}).get(PRODUCT_LABEL, ""))
         if alloc:
-            out.append(NodeGpus(name, alloc, max(0, alloc - used.get(name, 0))))
+            out.append(NodeGpus(name, alloc, max(0, alloc - used.get(name, 0)), product))
     return out
 
 

@@ -61,10 +61,11 @@ class Endpoint:
         return f"Bearer {self.token}" if self.token else ""
 
 
-def load(*, context: str = "") -> Endpoint:
-    """$KUBECONFIG (a list of files, merged as kubectl does) or ~/.kube/config, else the
-    pod's service account. Raises UsageError with one line when nothing usable is found."""
-    listed = os.environ.get("KUBECONFIG", "")
+def load(*, context: str = "", path: str = "") -> Endpoint:
+    """`path` (a cluster's own kubeconfig file), else $KUBECONFIG (a list of files, merged
+    as kubectl does) or ~/.kube/config, else the pod's service account. Raises UsageError
+    with one line when nothing usable is found."""
+    listed = path or os.environ.get("KUBECONFIG", "")
     files = [Path(f).expanduser() for f in listed.split(os.pathsep) if f]
     if not listed:
         default = Path("~/.kube/config").expanduser()
@@ -78,7 +79,7 @@ def load(*, context: str = "") -> Endpoint:
         raise UsageError(f"cannot load Kubernetes credentials: {exc}") from None
     except ValueError as exc:
         raise UsageError(f"cannot load Kubernetes credentials: {exc}") from None
-    return _from_config(merged, context=context)
+    return _from_config(merged, context=context, path=path)
 
 
 def _merge(files: list[Path]) -> dict[str, Any]:
@@ -107,7 +108,7 @@ def _merge(files: list[Path]) -> dict[str, Any]:
     return out
 
 
-def _from_config(merged: dict[str, Any], *, context: str) -> Endpoint:
+def _from_config(merged: dict[str, Any], *, context: str, path: str = "") -> Endpoint:
     name = context or merged["current-context"]
     if not name:
         raise UsageError("cannot load Kubernetes credentials: your kubeconfig sets no context")
@@ -125,7 +126,7 @@ def _from_config(merged: dict[str, Any], *, context: str) -> Endpoint:
     if not cluster.get("server"):
         raise UsageError(f"cannot load Kubernetes credentials: {cluster_name!r} has no server")
     if any(key in user for key in ("exec", "auth-provider", "username")):
-        return _official(name, namespace)
+        return _official(name, namespace, path)
     try:
         return Endpoint(
             server=str(cluster["server"]).rstrip("/"),
@@ -172,14 +173,18 @@ def _in_cluster() -> Endpoint:
         raise UsageError(f"cannot load Kubernetes credentials: {exc}") from None
 
 
-def _official(context: str, namespace: str) -> Endpoint:
+def _official(context: str, namespace: str, path: str = "") -> Endpoint:
     """Exec plugins and auth providers, through the official client's loader."""
     from kubernetes import client, config
     from kubernetes.config.config_exception import ConfigException
 
     configuration = client.Configuration()
     try:
-        config.load_kube_config(context=context, client_configuration=configuration)
+        config.load_kube_config(
+            config_file=str(Path(path).expanduser()) if path else None,
+            context=context,
+            client_configuration=configuration,
+        )
     except (ConfigException, OSError, ValueError) as exc:
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else "invalid kubeconfig"
         raise UsageError(f"cannot load Kubernetes credentials: {text}") from None

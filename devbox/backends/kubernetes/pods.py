@@ -285,6 +285,11 @@ def unchanged(pod: dict[str, Any]) -> dict[str, Any]:
     return {"preconditions": {"uid": meta["uid"], "resourceVersion": meta["resourceVersion"]}}
 
 
+def node_of(pod: dict[str, Any]) -> str:
+    """The node the scheduler put the pod on; empty while it waits for one."""
+    return str((pod.get("spec") or {}).get("nodeName") or "")
+
+
 def name(pod: dict[str, Any]) -> str:
     return str(pod["metadata"]["name"])
 

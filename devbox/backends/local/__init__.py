@@ -246,7 +246,10 @@ class LocalBackend:
     def warm_pool(self) -> WarmPool:
         raise UsageError("the warm pool is a kubernetes feature: add --backend kubernetes")
 
-    def autoscaler_world(self) -> Inspectable:
+    def autoscaler_worlds(self) -> builtins.list[tuple[str, Inspectable]]:
+        return [("", self.autoscaler_world())]
+
+    def autoscaler_world(self, box: str | None = None) -> Inspectable:
         from devbox.backends.local.autoscaling import LocalWorld
 
         return LocalWorld(self)
