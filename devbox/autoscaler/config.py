@@ -97,14 +97,32 @@ def duration(value: object, what: str) -> float:
     return seconds
 
 
-def parse(text: str, *, source: str) -> Settings:
-    """Settings from TOML text; `source` names where it came from in every error."""
+def parse(text: str, *, source: str, cluster: str = "") -> Settings:
+    """Settings from TOML text; `source` names where it came from in every error.
+
+    One document may serve several clusters: a `[clusters.NAME]` table holds what differs
+    in cluster NAME (its pools, its thresholds), over the top-level settings. Every
+    cluster's table is checked, whichever `cluster` (empty: none) is asked for."""
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise UsageError(f"autoscaler config {source} is not valid TOML: {exc}") from None
     try:
-        return _settings(data)
+        per_cluster = data.pop("clusters", {})
+        if not isinstance(per_cluster, dict) or not all(
+            isinstance(v, dict) for v in per_cluster.values()
+        ):
+            raise UsageError("clusters must be tables, as [clusters.NAME]")
+        base = _settings(data)
+        chosen = base
+        for name, own in per_cluster.items():
+            try:
+                here = _settings({**data, **own})
+            except UsageError as exc:
+                raise UsageError(f"[clusters.{name}]: {exc.message}") from None
+            if name == cluster:
+                chosen = here
+        return chosen
     except UsageError as exc:
         raise UsageError(f"autoscaler config {source}: {exc.message}") from None
 

@@ -11,12 +11,14 @@ import sys
 import threading
 import time
 from dataclasses import asdict
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 from devbox.autoscaler import config, policy
 from devbox.autoscaler.loop import Autoscaler
 from devbox.autoscaler.metrics import Metrics, serve
 from devbox.autoscaler.world import Inspectable
+from devbox.boxes import Box
 from devbox.connect import backend_for
 from devbox.errors import UsageError
 from devbox.names import validate_name
@@ -25,11 +27,12 @@ from devbox.views.explain import render
 log = logging.getLogger("devbox.autoscaler")
 
 
-def load_settings(world: Inspectable, path: Path | None) -> config.Settings:
-    """--config FILE, else the backend's own (ConfigMap, or the local file), else defaults."""
+def load_settings(world: Inspectable, path: Path | None, *, cluster: str = "") -> config.Settings:
+    """--config FILE, else the backend's own (ConfigMap, or the local file), else defaults;
+    `cluster`'s own [clusters.NAME] table of that document over the rest."""
     if path is not None:
         try:
-            return config.parse(path.read_text(), source=str(path))
+            return config.parse(path.read_text(), source=str(path), cluster=cluster)
         except OSError as exc:
             raise UsageError(f"cannot read autoscaler config {path}: {exc.strerror}") from None
         except UnicodeDecodeError:
@@ -38,7 +41,7 @@ def load_settings(world: Inspectable, path: Path | None) -> config.Settings:
     if found is None:
         return config.Settings()
     text, source = found
-    return config.parse(text, source=source)
+    return config.parse(text, source=source, cluster=cluster)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -46,59 +49,90 @@ def run(args: argparse.Namespace) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    world = backend.autoscaler_world()
-    settings = load_settings(world, args.config)
-    metrics = Metrics()
-    server = None
-    if settings.metrics_port and not args.once:
-        try:
-            server = serve(metrics, address=settings.metrics_address, port=settings.metrics_port)
-        except OSError as exc:
-            raise UsageError(
-                f"cannot serve metrics on {settings.metrics_address}:{settings.metrics_port}: "
-                f"{exc.strerror}"
-            ) from None
-        log.info("metrics on http://%s:%d/metrics", *server.server_address[:2])
-    scaler = Autoscaler(world, settings, metrics=metrics)
-    log.info(
-        "autoscaler for the %s backend: idle_timeout %gs, warning %gs, grace %gs, signals %s",
-        backend.name,
-        settings.idle_timeout,
-        settings.warning,
-        settings.grace,
-        ",".join(settings.signals),
-    )
-    if args.once:
-        result = scaler.reconcile()
-        print(
-            json.dumps(
-                {
-                    "seconds": result.seconds,
-                    "actions": [type(a).__name__ for a in result.applied],
-                    "failed": [str(e) for _, e in result.failed],
-                    "verdicts": {v.box: v.status for v in result.decision.verdicts},
-                }
-            )
-        )
-        return 1 if result.failed else 0
-    stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
+    # One autoscaler per cluster (the user's [clusters], or the one), each with its own
+    # settings, memory and metrics endpoint: a cluster that is down holds up no other.
+    worlds = backend.autoscaler_worlds()
+    scalers = []
+    servers = []
     try:
-        scaler.run(stop)
+        for cluster, world in worlds:
+            settings = load_settings(world, args.config, cluster=cluster)
+            metrics = Metrics()
+            if settings.metrics_port and not args.once:
+                servers.append(_serve(metrics, settings, cluster))
+            scalers.append((cluster, world, Autoscaler(world, settings, metrics=metrics)))
+            log.info(
+                "autoscaler for the %s backend%s: idle_timeout %gs, warning %gs, grace %gs, "
+                "signals %s",
+                backend.name,
+                f", cluster {cluster}" if cluster else "",
+                settings.idle_timeout,
+                settings.warning,
+                settings.grace,
+                ",".join(settings.signals),
+            )
+        if args.once:
+            return _once(scalers)
+        stop = threading.Event()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: stop.set())
+        threads = [
+            threading.Thread(target=scaler.run, args=(stop,), name=f"autoscaler {cluster}")
+            for cluster, _, scaler in scalers
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
     finally:
-        if server is not None:
+        for server in servers:
             server.shutdown()
-        world.close()
+        for _, world in worlds:
+            world.close()
     return 0
+
+
+def _serve(metrics: Metrics, settings: config.Settings, cluster: str) -> ThreadingHTTPServer:
+    try:
+        server = serve(metrics, address=settings.metrics_address, port=settings.metrics_port)
+    except OSError as exc:
+        raise UsageError(
+            f"cannot serve metrics{f' of cluster {cluster}' if cluster else ''} on "
+            f"{settings.metrics_address}:{settings.metrics_port}: {exc.strerror}"
+        ) from None
+    log.info("metrics on http://%s:%d/metrics", *server.server_address[:2])
+    return server
+
+
+def _once(scalers: list[tuple[str, Inspectable, Autoscaler]]) -> int:
+    """One pass of each: a JSON line each (with its cluster where there are several)."""
+    failed = False
+    for cluster, _, scaler in scalers:
+        result = scaler.reconcile()
+        failed = failed or bool(result.failed)
+        line = {
+            "seconds": result.seconds,
+            "actions": [type(a).__name__ for a in result.applied],
+            "failed": [str(e) for _, e in result.failed],
+            "verdicts": {v.box: v.status for v in result.decision.verdicts},
+        }
+        print(json.dumps({"cluster": cluster, **line} if cluster else line))
+    return 1 if failed else 0
 
 
 def explain(args: argparse.Namespace) -> int:
     if args.name is not None:
         validate_name(args.name)
     backend = backend_for(args)
-    world = backend.autoscaler_world()
-    settings = load_settings(world, args.config)
+    # The world of the box's cluster; a box released lately is known only to its cluster's
+    # memory, so one gone from every cluster needs --cluster (or a single cluster).
+    try:
+        box: Box | None = backend.get(args.name)
+    except UsageError:
+        box = None
+    world = backend.autoscaler_world(args.name if box else None)
+    cluster = box.cluster if box else (getattr(args, "cluster", None) or "")
+    settings = load_settings(world, args.config, cluster=cluster)
     state = world.load_state()
     facts = world.find(args.name)
     now = time.time()
