@@ -122,9 +122,19 @@ class BackendFeed:
     async def keep(self, box: Box, *, until: float) -> Box:
         return await asyncio.to_thread(partial(self.backend.keep, box.name, until=until))
 
+    def _flags(self, box: Box) -> builtins.list[str]:
+        """What addresses `box` in a `devbox` child: this dashboard's flags, and the box's
+        cluster where the user has several (found at once, not by asking them all)."""
+        flags = builtins.list(self.cli_flags) if box.backend == self.backend.name else []
+        return [
+            "--backend",
+            box.backend,
+            *flags,
+            *(["--cluster", box.cluster] if box.cluster else []),
+        ]
+
     def enter_argv(self, box: Box) -> builtins.list[str]:
-        flags = self.cli_flags if box.backend == self.backend.name else []
-        return [sys.executable, "-m", "devbox", "ssh", "--backend", box.backend, *flags, box.name]
+        return [sys.executable, "-m", "devbox", "ssh", *self._flags(box), box.name]
 
     async def runs(self, box: Box) -> builtins.list[Run]:
         from devbox.runs import remote
@@ -140,9 +150,7 @@ class BackendFeed:
         return raw.decode(errors="replace")
 
     def attach_argv(self, box: Box, run_id: str) -> builtins.list[str]:
-        flags = self.cli_flags if box.backend == self.backend.name else []
-        return [sys.executable, "-m", "devbox", "attach", "--backend", box.backend, *flags,
-                box.name, run_id]  # fmt: skip
+        return [sys.executable, "-m", "devbox", "attach", *self._flags(box), box.name, run_id]
 
     async def probe(
         self, box: Box, *, outbox: asyncio.Queue[ProbeRequest]

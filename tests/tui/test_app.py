@@ -292,3 +292,18 @@ async def test_the_autoscalers_warning_and_health_mark_show() -> None:
         assert isinstance(app.screen, BoxScreen) and app.screen.box_name == "box-02"
         summary = app.screen.query_one("#summary", Static)
         await until(lambda: "unhealthy: agent silent for 5m" in str(summary.render()))
+
+
+def test_entering_a_box_of_one_of_several_clusters_names_its_cluster() -> None:
+    """A child `devbox ssh` goes straight to the box's cluster, not asking every one."""
+    import dataclasses
+
+    from devbox.backends.local import LocalBackend
+    from devbox.config import Config
+    from tests.tui.synthetic import make_box
+    from tui.feed import BackendFeed
+
+    feed = BackendFeed(LocalBackend(config=Config()))
+    box = dataclasses.replace(make_box(0, 1), cluster="onprem")
+    assert feed.enter_argv(box)[-4:] == ["local", "--cluster", "onprem", "box-00"]
+    assert feed.attach_argv(box, "r1")[-5:] == ["local", "--cluster", "onprem", "box-00", "r1"]

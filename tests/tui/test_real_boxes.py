@@ -74,7 +74,7 @@ def test_enter_a_box_and_come_back_then_quit_cleanly(user: User, term: Terminal)
     term.wait_for(target, "inside-entered")
     term.send(target, "C-a", "d")  # detach from screen: back to the dashboard
     shown = term.wait_for(target, "NAME")
-    assert "BACKEND" in shown and "entered" in shown
+    assert "WHERE" in shown and "entered" in shown
     term.send(target, "q")
     shown = term.wait_for(target, "EXIT=0")
     # The terminal is back in its normal state: the main screen (what was printed before

@@ -19,7 +19,7 @@ from tui.widgets.text import age, pct, release_hint, size, spark
 DETAIL_HZ = 2.0
 COLUMNS = (
     "NAME",
-    "BACKEND",
+    "WHERE",  # the backend, or the box's cluster where the user has several
     "STATE",
     "OWNER",
     "GPUS",
@@ -48,7 +48,7 @@ def row(view: BoxView, now: float) -> tuple[str, ...]:
         state = "warned"
     return (
         box.name,
-        box.backend,
+        box.cluster or box.backend,
         state.split(":")[0],
         box.owner,
         str(box.spec.gpus),
@@ -64,7 +64,8 @@ def detail(view: BoxView | None, now: float) -> str:
     if view is None:
         return "No box selected. c claims one."
     box, sample = view.box, view.sample
-    lines = [f"[b]{box.name}[/b]  {box.backend}  {box.state.value}  telemetry: {view.link}"]
+    where = f"{box.backend} cluster {box.cluster}" if box.cluster else box.backend
+    lines = [f"[b]{box.name}[/b]  {where}  {box.state.value}  telemetry: {view.link}"]
     if box.keep_until:
         lines[0] += f"  kept until {time.strftime('%a %H:%M', time.localtime(box.keep_until))}"
     if box.reason:
@@ -142,7 +143,7 @@ class BoxesScreen(AppScreen):
         if not self.filter_text:
             return True
         box = view.box
-        hay = f"{box.name} {box.state.value} {box.owner} {box.backend}".lower()
+        hay = f"{box.name} {box.state.value} {box.owner} {box.backend} {box.cluster}".lower()
         return self.filter_text.lower() in hay
 
     def show(self, store: Store, dirty: set[str], *, relist: bool) -> None:
