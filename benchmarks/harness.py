@@ -150,18 +150,16 @@ def ssh_base(key: Path, known_hosts: Path, port: int, alias: str | None = None) 
     return [*opts, "127.0.0.1"]
 
 
-def wall(argv: list[str], env: dict[str, str]) -> float:
-    """Seconds one command takes, its output discarded."""
+def wall(argv: list[str], env: dict[str, str], *, status: int = 0) -> float:
+    """Seconds one command takes, its output discarded; it must exit with `status`."""
     start = time.perf_counter()
-    subprocess.run(
-        argv,
-        env=env,
-        check=True,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+    done = subprocess.run(
+        argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
     )
-    return time.perf_counter() - start
+    took = time.perf_counter() - start
+    if done.returncode != status:
+        raise SystemExit(f"{argv} exited {done.returncode}: {done.stderr.decode()[-500:]}")
+    return took
 
 
 def summary(samples: list[float]) -> dict[str, float]:

@@ -47,7 +47,7 @@ class Cluster:
         )
 
 
-def _start(folder: Path | None = None) -> Cluster:
+def start_cluster(folder: Path | None = None) -> Cluster:
     """`scripts/test-cluster up` (a no-op when up; it serialises concurrent calls itself)."""
     env = dict(os.environ)
     if folder is not None:
@@ -81,7 +81,7 @@ def _start(folder: Path | None = None) -> Cluster:
 @pytest.fixture(scope="session")
 def cluster() -> Cluster:
     """The shared test control plane, started once for all xdist workers."""
-    return _start()
+    return start_cluster()
 
 
 @pytest.fixture
@@ -94,7 +94,7 @@ def private_cluster(cluster: Cluster) -> Iterator[Cluster]:
     fcntl.flock(lock, fcntl.LOCK_EX)
     folder = Path(tempfile.mkdtemp(prefix="dbxp", dir="/tmp")) / "cluster"
     try:
-        yield _start(folder)
+        yield start_cluster(folder)
     finally:
         subprocess.run(
             [str(REPO / "scripts/test-cluster"), "down"],
