@@ -291,6 +291,32 @@ def test_move_carries_the_home_and_sends_only_changes_back(lab: Lab) -> None:
     assert listed == {"mv": "onprem"}
 
 
+def test_clusters_autoscalers_and_explain_see_each_cluster(lab: Lab) -> None:
+    up(lab, "e1", "--cluster", "cloud")
+    lab.devbox("pool", "warm", "--cluster", "spare", "--size", "1", check=True, timeout=180)
+    shown = json.loads(lab.devbox("clusters", "--json", check=True).stdout)
+    by = {c["cluster"]: c for c in shown}
+    assert list(by) == list(NAMES) and all(c["reachable"] for c in shown)
+    assert (by["cloud"]["boxes"], by["spare"]["warm"], by["onprem"]["boxes"]) == (1, 1, 0)
+    # kwok's nodes of scripts/test-cluster: 4 x 8 GPUs and one of 2.
+    assert sum(n["allocatable"] for n in by["spare"]["free_gpus"].values()) == 34
+    table = lab.devbox("clusters", check=True).stdout.decode()
+    assert table.splitlines()[0].split()[:3] == ["CLUSTER", "PREF", "CONTEXT"]
+    # One settings file for all, each cluster's own table over it.
+    settings = lab.user.home / "autoscaler.toml"
+    settings.write_text('idle_timeout = "2h"\nwarning = "5m"\n[clusters.cloud]\ngrace = "0s"\n')
+    once = lab.devbox("autoscaler", "--once", "--config", str(settings), timeout=120)
+    assert once.returncode == 0, once.stderr.decode()
+    passes = [json.loads(line) for line in once.stdout.splitlines()]
+    assert [p["cluster"] for p in passes] == list(NAMES)
+    # Each cluster's autoscaler sees its own boxes only.
+    assert [sorted(p["verdicts"]) for p in passes] == [[], ["e1"], []]
+    # explain finds the box's cluster by its name.
+    said = lab.devbox("explain", "e1", "--config", str(settings), "--json", timeout=60)
+    assert said.returncode == 0, said.stderr.decode()
+    assert json.loads(said.stdout)["box"] == "e1"
+
+
 def test_bad_cluster_input_is_one_line(lab: Lab) -> None:
     for args, says in (
         (("ls", "--cluster", "nowhere"), b"no cluster 'nowhere' in your config"),

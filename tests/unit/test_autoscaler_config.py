@@ -50,3 +50,46 @@ def test_bad_values_are_one_clear_line(text: str, message: str) -> None:
         parse(text, source="/etc/a.toml")
     assert caught.value.message.startswith("autoscaler config /etc/a.toml")
     assert message in caught.value.message and "\n" not in caught.value.message.strip()
+
+
+def test_one_document_serves_several_clusters() -> None:
+    text = (
+        'idle_timeout = "2h"\nwarning = 300\n'
+        '[[pool]]\nprofile = "a100"\nsize = 2\n'
+        '[clusters.cloud]\nidle_timeout = "20m"\n'
+        '[[clusters.cloud.pool]]\nprofile = "a100"\nsize = 0\n'
+        "[clusters.onprem]\nmetrics_port = 9101\n"
+    )
+    base = parse(text, source="x")
+    cloud = parse(text, source="x", cluster="cloud")
+    onprem = parse(text, source="x", cluster="onprem")
+    assert (base.idle_timeout, base.pools) == (
+        7200,
+        (PoolTarget(profile="a100", gpus=None, size=2),),
+    )
+    # A cluster's table replaces what it names; the rest is the document's.
+    assert cloud.idle_timeout == 1200 and cloud.warning == 300
+    assert cloud.pools == (PoolTarget(profile="a100", gpus=None, size=0),)
+    assert (
+        onprem.idle_timeout == 7200 and onprem.metrics_port == 9101 and onprem.pools == base.pools
+    )
+    assert parse(text, source="x", cluster="elsewhere") == base
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("clusters = 3", "clusters must be tables"),
+        ("[clusters.a]\nidle_timout = 5", "[clusters.a]: unknown setting 'idle_timout'"),
+        # Checked whichever cluster is asked for: a typo waits for no one.
+        (
+            'warning = 300\n[clusters.b]\nidle_timeout = "1m"',
+            "[clusters.b]: warning (300s) must be",
+        ),
+        ("[clusters.a.clusters.b]\nwarning = 1", "[clusters.a]: unknown setting 'clusters'"),
+    ],
+)
+def test_bad_cluster_tables_are_one_clear_line(text: str, message: str) -> None:
+    with pytest.raises(UsageError) as raised:
+        parse(text, source="x", cluster="a")
+    assert message in raised.value.message
