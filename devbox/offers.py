@@ -45,6 +45,8 @@ def remember_runs(box: str, ids: Iterable[str], *, replace: bool = False) -> Non
 
 def boxes() -> list[str]:
     names = set(_load())
+    with contextlib.suppress(OSError, ValueError, AttributeError):  # a hint file: never fails
+        names.update(json.loads(paths.cluster_routes_file().read_text()).get("boxes", {}))
     folder = paths.state_dir() / "local" / "boxes"
     with contextlib.suppress(OSError):
         # A box is a folder with a record: not the kept home of a released box, nor what a
@@ -55,3 +57,14 @@ def boxes() -> list[str]:
 
 def runs(box: str) -> list[str]:
     return list(reversed(_load().get(box, [])))  # newest first
+
+
+def clusters() -> list[str]:
+    """The [clusters.NAME] of the user's config, read without validating it (a TAB must
+    never fail; `devbox` says what is wrong with the file)."""
+    import tomllib
+
+    with contextlib.suppress(OSError, ValueError, AttributeError):
+        found = tomllib.loads(paths.config_file().read_text()).get("clusters", {})
+        return sorted(str(n) for n in found) if isinstance(found, dict) else []
+    return []

@@ -48,3 +48,9 @@ def user_ssh_config() -> Path:
 def local_settings_file() -> Path:
     """The local backend's autoscaler settings (a Kubernetes cluster keeps its own)."""
     return config_dir() / "autoscaler.toml"
+
+
+def cluster_routes_file() -> Path:
+    """Where each box of several clusters was last seen (devbox.backends.clusters); a TAB
+    offers those names too."""
+    return state_dir() / "clusters.json"

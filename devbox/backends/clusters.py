@@ -28,6 +28,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from devbox import names, paths, private
@@ -474,8 +475,8 @@ class _Routes:
     schedule a pod: the file clusters.json in devbox's private state folder. Only ever
     a hint (see the module's docstring); a broken file is an empty one."""
 
-    def _path(self) -> Any:
-        return paths.state_dir() / "clusters.json"
+    def _path(self) -> Path:
+        return paths.cluster_routes_file()
 
     def _load(self) -> dict[str, dict[str, Any]]:
         try:

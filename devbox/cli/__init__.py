@@ -82,6 +82,7 @@ _pid = _number("pid", int, low=1, high=float("inf"))
 # ids of the box named before it. Choices and subcommands need no mark.
 BOX_NAME = "box name"
 RUN_ID = "run id"
+CLUSTER = "cluster"
 _OFFERS = "devbox_offers"
 _HIDDEN = "devbox_hidden"
 
@@ -160,6 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
     backend.add_argument(
         "--cluster", help="kubernetes: one of your config's [clusters.NAME] (default: all)"
     )
+    _offer(backend, cluster=CLUSTER)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     up = _command(
@@ -195,8 +197,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="carry a box and its home to another cluster",
     )
     move.add_argument("name")
-    _offer(move, name=BOX_NAME)
     move.add_argument("--to", required=True, metavar="CLUSTER", help="the cluster to move to")
+    _offer(move, name=BOX_NAME, to=CLUSTER)
     move.add_argument("--timeout", type=_seconds, help="seconds to wait for the new box")
     move.add_argument("--json", action="store_true", help="what was copied, as JSON")
 

@@ -160,6 +160,8 @@ def _values(action: argparse.Action | None, *, box: str | None) -> list[str]:
         return offers.boxes()
     if what == cli.RUN_ID:
         return offers.runs(box) if box else []
+    if what == cli.CLUSTER:
+        return offers.clusters()
     return []  # free text, a number or a path: the shell's own completion (files)
 
 

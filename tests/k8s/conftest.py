@@ -96,15 +96,20 @@ def private_cluster(cluster: Cluster) -> Iterator[Cluster]:
     try:
         yield start_cluster(folder)
     finally:
-        subprocess.run(
-            [str(REPO / "scripts/test-cluster"), "down"],
-            env=dict(os.environ, DEVBOX_TEST_CLUSTER_DIR=str(folder)),
-            capture_output=True,
-            timeout=120,
-            check=False,
-        )
-        shutil.rmtree(folder.parent, ignore_errors=True)
+        stop_cluster(folder)
         lock.close()
+
+
+def stop_cluster(folder: Path) -> None:
+    """`scripts/test-cluster down` for a cluster started in `folder`, and the folder gone."""
+    subprocess.run(
+        [str(REPO / "scripts/test-cluster"), "down"],
+        env=dict(os.environ, DEVBOX_TEST_CLUSTER_DIR=str(folder)),
+        capture_output=True,
+        timeout=120,
+        check=False,
+    )
+    shutil.rmtree(folder.parent, ignore_errors=True)
 
 
 @dataclass

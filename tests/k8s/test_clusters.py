@@ -12,7 +12,6 @@ import contextlib
 import fcntl
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -25,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, User, ls_table, make_user
-from tests.k8s.conftest import Cluster, new_namespace, start_cluster
+from tests.k8s.conftest import Cluster, new_namespace, start_cluster, stop_cluster
 
 pytestmark = [pytest.mark.xdist_group("clusters"), pytest.mark.timeout(600)]
 
@@ -59,14 +58,7 @@ def three(cluster: Cluster) -> Iterator[Three]:
 
 def _down(folders: list[Path]) -> None:
     for folder in folders:
-        subprocess.run(
-            [str(REPO / "scripts/test-cluster"), "down"],
-            env=dict(os.environ, DEVBOX_TEST_CLUSTER_DIR=str(folder)),
-            capture_output=True,
-            timeout=120,
-            check=False,
-        )
-        shutil.rmtree(folder.parent, ignore_errors=True)
+        stop_cluster(folder)
 
 
 @dataclass
@@ -171,6 +163,22 @@ def test_placement_takes_warm_pods_anywhere_then_room_and_cluster_pins(lab: Lab)
     for name in ("w1", "p1", "p2"):
         ran = lab.devbox("ssh", name, "--", "echo", f"in-{name}", timeout=90)
         assert ran.stdout.decode().strip() == f"in-{name}", ran.stderr
+    # stats, run and logs reach a box in another cluster by its name too.
+    sample = json.loads(lab.devbox("stats", "p2", "--json", "--count", "1", check=True).stdout)
+    assert "gpus" in sample and "processes" in sample
+    project = lab.user.home / "proj"
+    project.mkdir()
+    (project / "data.txt").write_text("from the laptop\n")
+    ran = lab.devbox("run", "--box", "p2", "--sync", str(project), "-d", "--", "cat data.txt")
+    assert ran.returncode == 0, ran.stderr
+    run_id = ran.stdout.decode().split()[0]
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        log = lab.devbox("logs", "p2", run_id).stdout.decode()
+        if "from the laptop" in log:
+            break
+        time.sleep(0.2)
+    assert "from the laptop" in log
     lab.devbox("keep", "p2", "--for", "30m", check=True)
     kept = {b["name"]: b for b in json.loads(lab.devbox("ls", "--json", check=True).stdout)}
     assert 1700 < float(kept["p2"]["keep_until"]) - time.time() <= 1800

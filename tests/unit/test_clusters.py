@@ -154,3 +154,38 @@ def test_the_routing_file_is_private_and_a_broken_one_is_an_empty_one(tmp_path: 
         check=True,
     )
     assert again.stdout.strip() == "None"
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["ls", "--cluster", "x"], "--cluster applies to the kubernetes backend only"),
+        (["ls", "--backend", "kubernetes", "--cluster", "x"], "your config lists no clusters"),
+        (["clusters"], "devbox clusters needs your clusters"),
+        (["move", "box", "--to", "x"], "devbox move needs your clusters"),
+    ],
+)
+def test_cluster_commands_without_clusters_say_so_in_one_line(
+    tmp_path: Path, args: list[str], says: str
+) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("XDG_", "DEVBOX_"))}
+    env["HOME"] = str(tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-m", "devbox", *args], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1 and says in done.stderr
+
+
+def test_a_bad_cluster_table_fails_every_command_in_one_line(tmp_path: Path) -> None:
+    config = tmp_path / ".config/devbox/config.toml"
+    config.parent.mkdir(parents=True)
+    config.write_text("[clusters.a]\nnamespcae = 'x'\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("XDG_", "DEVBOX_"))}
+    env["HOME"] = str(tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-m", "devbox", "ls"], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 2
+    assert done.stderr.strip().endswith("[clusters.a]: unknown setting 'namespcae'")
+    assert done.stderr.count("\n") == 1

@@ -198,3 +198,24 @@ def test_a_tab_loads_no_backend_nor_client() -> None:
     assert [m for m in loaded if m.split(".")[0] in heavy] == []
     ours = ("devbox.backends", "devbox.commands", "devbox.ssh", "devbox.runs", "devbox.config")
     assert [m for m in loaded if m.startswith(ours)] == []
+
+
+def test_clusters_and_their_boxes_complete(env: dict[str, str]) -> None:
+    """--cluster and move's --to offer the config's [clusters.NAME]; a box last seen in
+    one of them is offered by name, as a local one is."""
+    home = Path(env.get("HOME") or os.environ["HOME"])
+    config = home / ".config/devbox/config.toml"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    config.write_text("[clusters.onprem]\n[clusters.cloud]\n")
+    (home / ".local/state/devbox/clusters.json").write_text(
+        json.dumps({"boxes": {"gamma": "cloud"}, "failed": {}})
+    )
+    lines = ["devbox up --cluster ", "devbox move gamma --to o", "devbox ssh ", "devbox ls --cl"]
+    answers = dict(zip(lines, _bash(env, lines), strict=True))
+    assert answers["devbox up --cluster "] == ["cloud", "onprem"]
+    assert answers["devbox move gamma --to o"] == ["onprem"]
+    assert answers["devbox ssh "] == [*BOXES, "gamma"]
+    assert answers["devbox ls --cl"] == ["--cluster"]
+    # A broken config offers nothing rather than failing the TAB.
+    config.write_text("[clusters.onprem\n")
+    assert _bash(env, ["devbox up --cluster "]) == [[]]
