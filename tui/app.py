@@ -140,8 +140,10 @@ class DevboxApp(App[None]):
                     self.store.problem = exc.message
                     self.store.boxes_changed = True  # the title says what is wrong
             else:
-                if self.store.problem is not None:
-                    self.store.problem, self.store.boxes_changed = None, True
+                # A cluster that did not answer is said in the title; the others' boxes show.
+                problem = "; ".join(self.feed.problems()) or None
+                if self.store.problem != problem:
+                    self.store.problem, self.store.boxes_changed = problem, True
                 self._announce_warnings(boxes)
                 self.store.set_boxes(boxes)
                 self._sync_streams(boxes)

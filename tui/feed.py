@@ -38,6 +38,11 @@ class Feed(Protocol):
         """Every box of this user, now."""
         ...
 
+    def problems(self) -> builtins.list[str]:
+        """What the last `boxes` could not read (a cluster that did not answer), a line
+        each; the boxes it listed are unaffected."""
+        ...
+
     def stream(self, box: Box, *, rate: float) -> AsyncIterator[protocol.Frame]:
         """The box's telemetry: HISTORY frames first, then SAMPLE frames, until it fails."""
         ...
@@ -83,6 +88,9 @@ class BackendFeed:
 
     async def boxes(self) -> builtins.list[Box]:
         return await asyncio.to_thread(self.backend.list)
+
+    def problems(self) -> builtins.list[str]:
+        return self.backend.problems()
 
     async def _connect(self, box: Box) -> Any:
         from devbox import connect

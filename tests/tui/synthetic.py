@@ -140,6 +140,8 @@ class SyntheticFeed:
     ) -> None:
         self.live = live  # False: one sample after the history, then silence (pictures)
         self.box_list = [make_box(i, gpus) for i in range(boxes)]
+        # What boxes() could not read (a cluster down), as a backend's problems() says.
+        self.problem_list: list[str] = []
         self.gpus = gpus
         self.history = history
         self.entered: list[str] = []
@@ -154,6 +156,9 @@ class SyntheticFeed:
 
     async def boxes(self) -> builtins.list[Box]:
         return list(self.box_list)
+
+    def problems(self) -> builtins.list[str]:
+        return list(self.problem_list)
 
     async def stream(self, box: Box, *, rate: float) -> AsyncIterator[protocol.Frame]:
         index = sum(map(ord, box.name)) % 50

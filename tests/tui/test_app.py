@@ -307,3 +307,15 @@ def test_entering_a_box_of_one_of_several_clusters_names_its_cluster() -> None:
     box = dataclasses.replace(make_box(0, 1), cluster="onprem")
     assert feed.enter_argv(box)[-4:] == ["local", "--cluster", "onprem", "box-00"]
     assert feed.attach_argv(box, "r1")[-5:] == ["local", "--cluster", "onprem", "box-00", "r1"]
+
+
+async def test_a_cluster_that_does_not_answer_is_said_beside_the_others_boxes() -> None:
+    feed = SyntheticFeed(2, 1)
+    feed.problem_list = ["cluster cloud is unreachable: no answer within 1.5s"]
+    app = app_for(feed)
+    async with app.run_test(size=SIZE):
+        await until(lambda: len(boxes_screen(app).shown) == 2)
+        await until(lambda: "cluster cloud is unreachable" in str(boxes_screen(app).sub_title))
+        assert str(boxes_screen(app).sub_title).startswith("2 boxes; ")
+        feed.problem_list = []  # it answers again: the title says so at the next look
+        await until(lambda: boxes_screen(app).sub_title == "2 boxes")

@@ -163,7 +163,9 @@ class BoxesScreen(AppScreen):
         if relist or self.selected_name() in dirty:
             self.show_detail(now=relist)
         count = len(store.views)
-        self.sub_title = store.problem or f"{count} box" + ("" if count == 1 else "es")
+        shown = f"{count} box" + ("" if count == 1 else "es")
+        # What could not be read (the list, or one cluster of several) beside what could.
+        self.sub_title = f"{shown}; {store.problem}" if store.problem else shown
 
     def show_detail(self, *, now: bool = True) -> None:
         """The selected box's detail: at once when the selection changes, else at most
