@@ -90,8 +90,10 @@ class Clusters:
         self.pinned = pinned
         self._members: dict[str, KubernetesBackend] = {}
         self._problems: builtins.list[str] = []
-        # What `resolve` read, for the `claim` that follows it: (profile, per cluster).
+        # What `resolve` read, for the `claim` that follows it: (profile, per cluster), and
+        # the name it drew.
         self._survey: tuple[str, dict[str, _Survey]] | None = None
+        self._drawn = ""
 
     # --- members --------------------------------------------------------------------
 
@@ -216,16 +218,20 @@ class Clusters:
         )
 
     def _read(self, profile: str, gpus: int | None) -> dict[str, _Survey]:
+        # A name for a claim that names none, checked free in the same requests' threads:
+        # unique across clusters at no extra round trip.
+        drawn = names.generate_name()
 
         def survey(cluster: str) -> _Survey:
-            if not self.clusters[cluster].offers(profile):
-                return _Survey(unusable=f"does not offer profile {profile!r}")
             member = self.member(cluster)
+            taken = member.exists(drawn)
+            if not self.clusters[cluster].offers(profile):
+                return _Survey(unusable=f"does not offer profile {profile!r}", drawn_free=not taken)
             try:
                 spec = member.resolve(profile, gpus=gpus)
             except UsageError as exc:
-                return _Survey(unusable=exc.message)
-            return _Survey(spec=spec, warm=member.ready_warm(spec))
+                return _Survey(unusable=exc.message, drawn_free=not taken)
+            return _Survey(spec=spec, warm=member.ready_warm(spec), drawn_free=not taken)
 
         found = _parallel(self._scope(), survey, wait=self.config.start_timeout)
         out = {
@@ -233,7 +239,25 @@ class Clusters:
             for c, r in found.items()
         }
         self._survey = (profile, out)
+        self._drawn = drawn
         return out
+
+    def _new_name(self, survey: dict[str, _Survey]) -> str:
+        """A generated name no cluster has: the survey's, when every cluster answered that
+        it is free (the usual case), else drawn again and asked of all."""
+        if set(survey) == set(self.clusters) and all(s.drawn_free for s in survey.values()):
+            return self._drawn
+        for _ in range(5):
+            name = names.generate_name()
+            found = _parallel(
+                builtins.list(self.clusters),
+                lambda c, name=name: self.member(c).exists(name),  # type: ignore[misc]
+                wait=LIST_WAIT,
+            )
+            # One that does not answer cannot hold a name four random hex digits make rare.
+            if not any(r is True for r in found.values()):
+                return name
+        raise DevboxError("could not draw a box name that no cluster has: name the box")
 
     def claim(self, spec: BoxSpec, *, name: str | None = None) -> Box:
         # The survey `resolve` made for this very spec, else a new one.
@@ -242,7 +266,7 @@ class Clusters:
         else:
             survey = self._read(spec.profile, spec.gpus)
         if name is None:
-            name = names.generate_name()
+            name = self._new_name(survey)
         else:
             self._check_free(name)
         seen = [self._seen(c, survey[c]) for c in self._scope()]
@@ -421,6 +445,7 @@ class _Survey:
     spec: BoxSpec | None = None
     warm: builtins.list[dict[str, Any]] = dataclasses.field(default_factory=builtins.list)
     unusable: str = ""
+    drawn_free: bool = False  # no box there has the name the survey drew
 
 
 def _free_counts(found: object) -> Sequence[int] | None:

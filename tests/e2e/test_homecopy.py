@@ -254,16 +254,6 @@ def test_special_vanished_and_excluded_files_stay_behind(boxes: Boxes) -> None:
     assert partial_files(dst) == []
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads a file of mode 0")
-def test_an_unreadable_source_file_is_skipped_and_the_rest_copied(boxes: Boxes) -> None:
-    write(boxes.src / "locked.txt", b"locked\n", mode=0)
-    write(boxes.src / "open.txt", b"open\n")
-    copied, _ = boxes.copy()
-    assert copied.sent == ["open.txt"]
-    assert copied.skipped == ["locked.txt (box old: cannot read it: Permission denied)"]
-    assert sorted(p.name for p in boxes.dst.iterdir()) == ["open.txt"]
-
-
 @pytest.mark.parametrize("dies", ["old", "new"])
 def test_a_lost_box_is_one_line_and_leaves_no_half_file(
     boxes: Boxes, dies: str, monkeypatch: pytest.MonkeyPatch

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from devbox import protocol
 from tests.conftest import REPO, User, ls_table, make_user
 from tests.k8s.conftest import Cluster, new_namespace, start_cluster, stop_cluster
 
@@ -323,6 +324,41 @@ def test_clusters_autoscalers_and_explain_see_each_cluster(lab: Lab) -> None:
     said = lab.devbox("explain", "e1", "--config", str(settings), "--json", timeout=60)
     assert said.returncode == 0, said.stderr.decode()
     assert json.loads(said.stdout)["box"] == "e1"
+
+
+def test_a_planted_namesake_and_a_wrong_hint_never_take_you_to_another_box(lab: Lab) -> None:
+    """Another user's pod of the same box name in a second cluster, and the routing file
+    patched to point there: devbox still reaches (and lists) the user's own box only."""
+    up(lab, "own", "--cluster", "onprem")
+    marked = lab.devbox("ssh", "own", "--", "sh", "-c", "'echo mine > marker'", timeout=90)
+    assert marked.returncode == 0, marked.stderr
+    planted = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "devbox-own",
+            "namespace": lab.namespaces["cloud"],
+            "labels": {
+                protocol.LABEL_MANAGED: protocol.MANAGED_BY,
+                protocol.LABEL_BOX: "own",
+                protocol.LABEL_STATE: "claimed",
+                protocol.LABEL_OWNER: "mallory",
+            },
+            "annotations": {protocol.ANN_OWNER_NAME: "mallory"},
+        },
+        "spec": {"containers": [{"name": "box", "image": "devbox/box:test"}]},
+    }
+    made = lab.three.by_name["cloud"].kubectl_run(
+        "apply", "-f", "-", input=json.dumps(planted).encode()
+    )
+    assert made.returncode == 0, made.stderr
+    routes = lab.user.home / ".local/state/devbox/clusters.json"
+    routes.write_text(json.dumps({"boxes": {"own": "cloud"}, "failed": {}}))
+    ran = lab.devbox("ssh", "own", "--", "cat", "marker", timeout=90)
+    assert ran.stdout.strip() == b"mine", ran.stderr
+    assert json.loads(routes.read_text())["boxes"]["own"] == "onprem"  # the hint is mended
+    listed = {b["name"]: b["cluster"] for b in json.loads(lab.devbox("ls", "--json").stdout)}
+    assert listed == {"own": "onprem"}
 
 
 def test_bad_cluster_input_is_one_line(lab: Lab) -> None:
