@@ -87,7 +87,9 @@ def refresh_ssh_config(backend: Backend) -> None:
     """Rewrite the boxes' ssh-config entries, if the user wrote them (`ssh-config --write`)."""
     from devbox.ssh import sshconfig
 
-    sshconfig.refresh_if_written(backend.list, backend.name, proxy_args=backend.proxy_args)
+    sshconfig.refresh_if_written(
+        backend.list, backend.name, proxy_args=backend.proxy_args, unlisted=backend.unlisted
+    )
 
 
 def open_socket(backend: Backend, box: Box) -> socket.socket:

@@ -113,6 +113,11 @@ class Backend(Protocol):
         real $HOME: ~/FOLDER there would be the user's own files); None: ~/FOLDER."""
         ...
 
+    def unlisted(self) -> builtins.list[builtins.list[str]]:
+        """The places the last `list` could not read (a cluster that did not answer), each
+        as the `proxy_args` words that address it: their boxes' ssh-config aliases stay."""
+        ...
+
     def problems(self) -> builtins.list[str]:
         """State this backend could not read (one line each); listed boxes are unaffected."""
         ...

@@ -90,6 +90,7 @@ class Clusters:
         self.pinned = pinned
         self._members: dict[str, KubernetesBackend] = {}
         self._problems: builtins.list[str] = []
+        self._silent: builtins.list[str] = []  # clusters the last list did not read
         # What `resolve` read, for the `claim` that follows it: (profile, per cluster), and
         # the name it drew.
         self._survey: tuple[str, dict[str, _Survey]] | None = None
@@ -128,10 +129,15 @@ class Clusters:
             boxes += [self._stamp(cluster, b) for b in result]
             answered[cluster] = [b.name for b in result]
         _routes.update(answered)
+        # Not listed: the silent ones, and those --cluster left out.
+        self._silent = [c for c in self.clusters if c not in answered]
         return sorted(boxes, key=lambda b: b.name)
 
     def problems(self) -> builtins.list[str]:
         return builtins.list(self._problems)
+
+    def unlisted(self) -> builtins.list[builtins.list[str]]:
+        return [["--cluster", c] for c in self._silent]
 
     def locate(self, name: str) -> str:
         """The cluster holding the user's box `name` (UsageError when none or several)."""

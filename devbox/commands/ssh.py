@@ -59,7 +59,9 @@ def ssh_config(args: argparse.Namespace) -> int:
     if args.inline:
         sys.stdout.write(sshconfig.render_inline(boxes, proxy_args=backend.proxy_args))
     elif args.write:
-        path, changed = sshconfig.write(boxes, backend.name, proxy_args=backend.proxy_args)
+        path, changed = sshconfig.write(
+            boxes, backend.name, proxy_args=backend.proxy_args, unlisted=backend.unlisted()
+        )
         note = (
             "added an Include to ~/.ssh/config" if changed else "~/.ssh/config already includes it"
         )

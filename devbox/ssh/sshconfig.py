@@ -71,20 +71,29 @@ def render_inline(boxes: Iterable[Box], *, proxy_args: ProxyArgs) -> str:
     )
 
 
-def _other_backends(backend: str) -> list[str]:
-    """The managed file's blocks for boxes of other backends: one backend's `up` must not
-    drop the aliases of another's boxes."""
+def _kept_blocks(backend: str, unlisted: Sequence[Sequence[str]]) -> list[str]:
+    """The managed file's blocks that this write leaves as they are: boxes of other
+    backends (one backend's `up` must not drop the aliases of another's boxes), and boxes
+    of places this backend could not list just now (a cluster that did not answer): each
+    `unlisted` entry is the proxy words that address that place."""
     try:
         text = paths.ssh_config_file().read_text()
     except FileNotFoundError:
         return []
     blocks = re.split(r"\n(?=Host )", text)[1:]
-    return [b.strip("\n") for b in blocks if f" --backend {backend} " not in b]
+    marks = ["".join(f" {_quote(w)}" for w in words) for words in unlisted]
+    return [
+        b.strip("\n")
+        for b in blocks
+        if f" --backend {backend} " not in b or any(f"{m}\n" in b for m in marks)
+    ]
 
 
-def _write_managed(boxes: Iterable[Box], backend: str, proxy_args: ProxyArgs) -> Path:
+def _write_managed(
+    boxes: Iterable[Box], backend: str, proxy_args: ProxyArgs, unlisted: Sequence[Sequence[str]]
+) -> Path:
     managed = paths.ssh_config_file()
-    text = render(boxes, keep=_other_backends(backend), proxy_args=proxy_args)
+    text = render(boxes, keep=_kept_blocks(backend, unlisted), proxy_args=proxy_args)
     managed.parent.mkdir(parents=True, exist_ok=True)
     tmp = managed.with_name(managed.name + ".tmp")
     tmp.write_text(text)
@@ -96,14 +105,20 @@ def include_line(path: Path | None = None) -> str:
     return f"Include {_quote(str(path or paths.ssh_config_file()))}"
 
 
-def write(boxes: Iterable[Box], backend: str, *, proxy_args: ProxyArgs) -> tuple[Path, bool]:
+def write(
+    boxes: Iterable[Box],
+    backend: str,
+    *,
+    proxy_args: ProxyArgs,
+    unlisted: Sequence[Sequence[str]] = (),
+) -> tuple[Path, bool]:
     """Write the managed file (`backend`'s boxes replace that backend's blocks) and make
     sure ~/.ssh/config includes it.
 
     Returns the managed path and whether ~/.ssh/config was changed. The Include
     goes first: an Include after a Host line would apply only to that host.
     """
-    managed = _write_managed(boxes, backend, proxy_args)
+    managed = _write_managed(boxes, backend, proxy_args, unlisted)
 
     user = paths.user_ssh_config()
     if user.is_symlink():  # dotfile managers link it; write through, keep the link
@@ -125,9 +140,15 @@ def write(boxes: Iterable[Box], backend: str, *, proxy_args: ProxyArgs) -> tuple
 
 
 def refresh_if_written(
-    boxes: Callable[[], Iterable[Box]], backend: str, *, proxy_args: ProxyArgs
+    boxes: Callable[[], Iterable[Box]],
+    backend: str,
+    *,
+    proxy_args: ProxyArgs,
+    unlisted: Callable[[], Sequence[Sequence[str]]] = tuple,
 ) -> None:
     """Keep the managed file current after up/down, once the user has opted in with --write.
-    `boxes` is called only then: listing them is an API request on Kubernetes."""
+    `boxes` is called only then: listing them is an API request on Kubernetes; `unlisted`
+    after it (see _kept_blocks)."""
     if paths.ssh_config_file().exists():
-        _write_managed(boxes(), backend, proxy_args)
+        listed = list(boxes())
+        _write_managed(listed, backend, proxy_args, unlisted())

@@ -189,6 +189,10 @@ def test_placement_takes_warm_pods_anywhere_then_room_and_cluster_pins(lab: Lab)
         ran = lab.user.ssh(f"{name}.devbox", "echo", f"alias-{name}", timeout=90)
         assert ran.stdout.decode().strip() == f"alias-{name}", ran.stderr
     assert "--cluster spare" in lab.user.ssh_config.read_text()
+    # A claim pinned to one cluster keeps the other clusters' aliases.
+    up(lab, "p3", "--cluster", "cloud")
+    aliases = lab.user.ssh_config.read_text()
+    assert all(f"Host {n}.devbox" in aliases for n in ("w1", "p1", "p2", "p3"))
     lab.devbox("down", "w1", check=True)
     assert not [p for p in lab.pods("spare") if "w1" in p]
     gone = lab.devbox("ssh", "w1", "--", "true")
@@ -217,6 +221,7 @@ def test_failover_when_the_chosen_cluster_cannot_schedule(lab: Lab) -> None:
 def test_a_stopped_cluster_is_marked_and_holds_nobody_up(lab: Lab) -> None:
     up(lab, "s1", "--cluster", "spare")
     up(lab, "s2", "--cluster", "cloud")
+    lab.devbox("ssh-config", "--write", check=True)
     apiserver = _apiserver_pid(lab.three.by_name["spare"])
     os.kill(apiserver, signal.SIGSTOP)  # its port still accepts; nothing answers
     try:
@@ -231,6 +236,11 @@ def test_a_stopped_cluster_is_marked_and_holds_nobody_up(lab: Lab) -> None:
         # The box in the answering cluster is reached as ever.
         ran = lab.devbox("ssh", "s2", "--", "echo", "still", timeout=90)
         assert ran.stdout.strip() == b"still", ran.stderr
+        # A claim elsewhere rewrites the ssh config: the silent cluster's alias stays.
+        _, said = up(lab, "s3", "--cluster", "cloud")
+        assert "could not check cluster spare for a box named 's3'" in said
+        aliases = lab.user.ssh_config.read_text()
+        assert "Host s1.devbox" in aliases and "Host s3.devbox" in aliases
     finally:
         os.kill(apiserver, signal.SIGCONT)
     # A cluster whose API server is gone (connection refused) is said as such too.
@@ -244,7 +254,7 @@ def test_a_stopped_cluster_is_marked_and_holds_nobody_up(lab: Lab) -> None:
     )
     listed = lab.devbox("ls", timeout=60)
     assert listed.returncode == 1
-    assert set(ls_table(listed.stdout.decode())) == {"s1", "s2"}
+    assert set(ls_table(listed.stdout.decode())) == {"s1", "s2", "s3"}
     assert b"cluster gone is unreachable: cannot reach the Kubernetes API server" in listed.stderr
 
 

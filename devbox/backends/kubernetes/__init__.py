@@ -157,6 +157,9 @@ class KubernetesBackend:
             )
         return self.get(name)
 
+    def unlisted(self) -> builtins.list[builtins.list[str]]:
+        return []  # one place: listed whole, or an error
+
     def problems(self) -> builtins.list[str]:
         return []
 
