@@ -224,13 +224,15 @@ class Clusters:
         )
 
     def _read(self, profile: str, gpus: int | None) -> dict[str, _Survey]:
-        # A name for a claim that names none, checked free in the same requests' threads:
-        # unique across clusters at no extra round trip.
+        # A name for a claim that names none, checked free in the other clusters' threads,
+        # beside their other requests (the first cluster's path stays as with one cluster:
+        # there, as ever, four random hex digits make a clash rare).
         drawn = names.generate_name()
+        first = self._scope()[0]
 
         def survey(cluster: str) -> _Survey:
             member = self.member(cluster)
-            taken = member.exists(drawn)
+            taken = cluster != first and member.exists(drawn)
             if not self.clusters[cluster].offers(profile):
                 return _Survey(unusable=f"does not offer profile {profile!r}", drawn_free=not taken)
             try:
