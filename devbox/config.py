@@ -53,6 +53,10 @@ class Config:
     clusters: tuple[ClusterConfig, ...] = ()
     schedule_timeout: float = 10.0
     failure_memory: float = 60.0
+    # Seconds `ls` (and every look-up by name) waits for a cluster before it reports it
+    # as not answering: an API server answers a list in tens of milliseconds, and one
+    # cluster's outage must not make every command slow.
+    cluster_wait: float = 1.5
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,6 +90,7 @@ _FIELDS: dict[str, type] = {
     "kubeconfig": str,
     "schedule_timeout": float,
     "failure_memory": float,
+    "cluster_wait": float,
 }
 # What a [clusters.NAME] table may set: where the cluster is, and what differs between
 # clusters (a storage class, an image registry); the rest is the user's, for all of them.
@@ -150,10 +155,10 @@ def _validate(data: dict[str, Any], path: Path) -> Config:
     if "clusters" in data and "backend" not in data:
         values["backend"] = "kubernetes"  # clusters are Kubernetes clusters
     config = Config(**values)
-    for key in ("schedule_timeout", "failure_memory"):
+    for key, most in (("schedule_timeout", 3600), ("failure_memory", 3600), ("cluster_wait", 60)):
         seconds = getattr(config, key)
-        if not 0 < seconds <= 3600:  # false for nan too
-            raise UsageError(f"{where}: {key} must be in (0, 3600] seconds (got {seconds:g})")
+        if not 0 < seconds <= most:  # false for nan too
+            raise UsageError(f"{where}: {key} must be in (0, {most}] seconds (got {seconds:g})")
     if "clusters" in data:
         config = replace(config, clusters=_clusters(data["clusters"], config, where))
     if config.backend not in BACKENDS:

@@ -6,7 +6,7 @@ settings); this adds what spans them:
   pod anywhere first, else the most preferred cluster with room, failing over to the next
   when a new pod is not scheduled within `schedule_timeout` (that cluster is then tried
   last for `failure_memory` seconds);
-- `list` asks every cluster at once and waits for each at most LIST_WAIT: a cluster that
+- `list` asks every cluster at once and waits for each at most `cluster_wait`: a cluster that
   is down or slow is reported as such (`problems`) and never holds the others up;
 - every other command finds a box's cluster by name: first where the box was last seen
   (a file of the user's), else by asking all of them. Names are unique across clusters
@@ -46,11 +46,6 @@ if TYPE_CHECKING:
     from devbox.backends.base import WarmPool
 
 T = TypeVar("T")
-
-# Seconds `devbox ls` (and every look-up by name) waits for a cluster before it reports
-# the cluster as not answering: the API server answers a list in tens of milliseconds,
-# and one cluster's outage must not make every command slow.
-LIST_WAIT = 1.5
 
 
 def _stderr(message: str) -> None:
@@ -115,7 +110,9 @@ class Clusters:
     # --- finding boxes --------------------------------------------------------------
 
     def list(self) -> builtins.list[Box]:
-        found = _parallel(self._scope(), lambda c: self.member(c).list(), wait=LIST_WAIT)
+        found = _parallel(
+            self._scope(), lambda c: self.member(c).list(), wait=self.config.cluster_wait
+        )
         self._problems = []
         boxes: builtins.list[Box] = []
         answered: dict[str, builtins.list[str]] = {}
@@ -155,7 +152,9 @@ class Clusters:
             with contextlib.suppress(DevboxError):
                 return first, self._stamp(first, self.member(first).get(name))
         found = _parallel(
-            builtins.list(self.clusters), lambda c: self.member(c).get(name), wait=LIST_WAIT
+            builtins.list(self.clusters),
+            lambda c: self.member(c).get(name),
+            wait=self.config.cluster_wait,
         )
         holders = {c: r for c, r in found.items() if isinstance(r, Box)}
         if len(holders) == 1:
@@ -196,7 +195,9 @@ class Clusters:
 
     def profiles(self) -> builtins.list[Profile]:
         """Every profile some cluster offers; the most preferred cluster's of a name wins."""
-        found = _parallel(self._scope(), lambda c: self.member(c).profiles(), wait=LIST_WAIT)
+        found = _parallel(
+            self._scope(), lambda c: self.member(c).profiles(), wait=self.config.cluster_wait
+        )
         out: dict[str, Profile] = {}
         for cluster, result in found.items():
             if isinstance(result, BaseException):
@@ -260,7 +261,7 @@ class Clusters:
             found = _parallel(
                 builtins.list(self.clusters),
                 lambda c, name=name: self.member(c).exists(name),  # type: ignore[misc]
-                wait=LIST_WAIT,
+                wait=self.config.cluster_wait,
             )
             # One that does not answer cannot hold a name four random hex digits make rare.
             if not any(r is True for r in found.values()):
@@ -283,7 +284,9 @@ class Clusters:
             self.progress(f"cluster {warm.cluster}: {warm.reason}")
             return self._claim_in(warm.cluster, survey[warm.cluster], name, last=True)
         usable = [s.cluster for s in seen if not s.unusable]
-        free = _parallel(usable, lambda c: self.member(c).free_gpus(), wait=LIST_WAIT)
+        free = _parallel(
+            usable, lambda c: self.member(c).free_gpus(), wait=self.config.cluster_wait
+        )
         seen = [dataclasses.replace(s, free=_free_counts(free.get(s.cluster))) for s in seen]
         choices = placement.order(seen, gpus=spec.gpus, failed=_routes.failures(self.config))
         if not choices:
@@ -337,7 +340,7 @@ class Clusters:
         def taken(cluster: str) -> bool:
             return self.member(cluster).exists(name)
 
-        found = _parallel(builtins.list(self.clusters), taken, wait=LIST_WAIT)
+        found = _parallel(builtins.list(self.clusters), taken, wait=self.config.cluster_wait)
         for cluster, result in found.items():
             if result is True:
                 raise UsageError(f"a box named {name!r} already exists in cluster {cluster}")
@@ -439,7 +442,7 @@ class Clusters:
                 boxes=len(mine),
             )
 
-        found = _parallel(self._scope(), look, wait=LIST_WAIT * 2)
+        found = _parallel(self._scope(), look, wait=self.config.cluster_wait * 2)
         return [
             r if not isinstance(r, BaseException) else Overview(self.clusters[c], problem=_why(r))
             for c, r in found.items()

@@ -85,7 +85,12 @@ class Lab:
             'home_storage_class = "devbox-sim"\n'
             'image = "devbox/box:test"\n'
             "start_timeout = 120\n"
-            "schedule_timeout = 4\n"
+            # Long enough that a loaded scheduler binds a pod that fits (it takes well under
+            # a second when idle), short enough that failover does not drag.
+            "schedule_timeout = 12\n"
+            # A loaded machine may take a while to answer a list: room for the answering
+            # clusters, so that only the frozen one is reported.
+            "cluster_wait = 4\n"
             f"{extra}"
         )
         for preference, name in enumerate(order):
@@ -206,7 +211,7 @@ def test_failover_when_the_chosen_cluster_cannot_schedule(lab: Lab) -> None:
         box, said = up(lab, "f1")
         assert box["cluster"] == "onprem", said
         assert "trying cluster cloud (" in said
-        assert "was not scheduled within 4s" in said and "trying the next" in said
+        assert "was not scheduled within 12s" in said and "trying the next" in said
         # Nothing is left behind where it failed.
         deadline = time.monotonic() + 60
         while [p for p in lab.pods("cloud") if "f1" in p] and time.monotonic() < deadline:
@@ -230,7 +235,7 @@ def test_a_stopped_cluster_is_marked_and_holds_nobody_up(lab: Lab) -> None:
         took = time.monotonic() - start
         assert listed.returncode == 1
         assert list(ls_table(listed.stdout.decode())) == ["s2"]
-        assert b"cluster spare is unreachable: no answer within 1.5s" in listed.stderr
+        assert b"cluster spare is unreachable: no answer within 4s" in listed.stderr
         # Bounded by the wait for each cluster, not by the frozen server (30 s requests).
         assert took < 15, took
         # The box in the answering cluster is reached as ever.

@@ -75,6 +75,7 @@ def test_an_explicit_local_backend_stays_local(tmp_path: Path) -> None:
         ("clusters = {}\n", "clusters must be tables"),
         ("schedule_timeout = 0\n", "schedule_timeout must be in (0, 3600]"),
         ("failure_memory = nan\n", "failure_memory must be in (0, 3600]"),
+        ("cluster_wait = 61\n", "cluster_wait must be in (0, 60]"),
     ],
 )
 def test_bad_cluster_settings_are_one_line_errors(tmp_path: Path, text: str, says: str) -> None:
