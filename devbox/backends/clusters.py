@@ -258,13 +258,8 @@ class Clusters:
             return self._drawn
         for _ in range(5):
             name = names.generate_name()
-            found = _parallel(
-                builtins.list(self.clusters),
-                lambda c, name=name: self.member(c).exists(name),  # type: ignore[misc]
-                wait=self.config.cluster_wait,
-            )
             # One that does not answer cannot hold a name four random hex digits make rare.
-            if not any(r is True for r in found.values()):
+            if not any(r is True for r in self._holding(name).values()):
                 return name
         raise DevboxError("could not draw a box name that no cluster has: name the box")
 
@@ -336,12 +331,7 @@ class Clusters:
     def _check_free(self, name: str) -> None:
         """A name the user chose is free in every cluster that answers; one that does not
         answer is said (a duplicate made then is refused by name later, never guessed)."""
-
-        def taken(cluster: str) -> bool:
-            return self.member(cluster).exists(name)
-
-        found = _parallel(builtins.list(self.clusters), taken, wait=self.config.cluster_wait)
-        for cluster, result in found.items():
+        for cluster, result in self._holding(name).items():
             if result is True:
                 raise UsageError(f"a box named {name!r} already exists in cluster {cluster}")
             if isinstance(result, BaseException):
@@ -349,6 +339,14 @@ class Clusters:
                     f"devbox: could not check cluster {cluster} for a box named "
                     f"{name!r}: {_why(result)}"
                 )
+
+    def _holding(self, name: str) -> dict[str, bool | BaseException]:
+        """Per cluster, all at once: whether any box there is called `name`."""
+        return _parallel(
+            builtins.list(self.clusters),
+            lambda c: self.member(c).exists(name),
+            wait=self.config.cluster_wait,
+        )
 
     # --- moving ---------------------------------------------------------------------
 
