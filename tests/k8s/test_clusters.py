@@ -223,7 +223,31 @@ def test_failover_when_the_chosen_cluster_cannot_schedule(lab: Lab) -> None:
         assert "trying cluster cloud" not in said
 
 
-def test_a_stopped_cluster_is_marked_and_holds_nobody_up(lab: Lab) -> None:
+@pytest.fixture
+def frozen_lab(lab: Lab) -> Iterator[Lab]:
+    """The lab with a "spare" of its own, for a test that stops its API server: the
+    module's spare would come back with its pod runner's watch broken, and later tests
+    would wait for warm pods that never start (seen under load)."""
+    folder = Path(tempfile.mkdtemp(prefix="dbxm", dir="/tmp")) / "cluster"
+    try:
+        with open("/tmp/devbox-private-cluster.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            own = start_cluster(folder)
+        ns = new_namespace(own)
+        made = Lab(
+            lab.user,
+            Three({**lab.three.by_name, "spare": own}),
+            {**lab.namespaces, "spare": ns},
+        )
+        made.configure()
+        yield made
+    finally:
+        stop_cluster(folder)
+        lab.configure()
+
+
+def test_a_stopped_cluster_is_marked_and_holds_nobody_up(frozen_lab: Lab) -> None:
+    lab = frozen_lab
     up(lab, "s1", "--cluster", "spare")
     up(lab, "s2", "--cluster", "cloud")
     lab.devbox("ssh-config", "--write", check=True)
