@@ -161,6 +161,11 @@ class Activity(TypedDict):
     # not miss a training loop's bursts.
     gpu_util: NotRequired[float | None]
     cpu: NotRequired[float | None]
+    # devbox.hang: since when every busy GPU of the box has drawn little power (0: not
+    # now), and since when the box is hung, stalled with no probe step and no use for the
+    # rule's `after` (0: not hung). The agent judges; everyone else reads.
+    stalled_since: NotRequired[float]
+    hung_since: NotRequired[float]
 
 
 ACTIVITY_WINDOW = 15.0
@@ -206,7 +211,14 @@ PROBE_SUBSCRIBE = "probe-subscribe"  # body: nothing yet
 PROBE_REQUEST = "probe-request"  # body: one ProbeRequest
 PROBE_REPLY = "probe-reply"  # body: one ProbeReply
 PROBE_GONE = "probe-gone"  # body: pid
-PROBE_REQUEST_KINDS = ("histogram", "summary", "save")
+# The release handshake: before a box is released, the agent sends PROBE_RELEASE to every
+# process whose hello said `release: true` (it registered probe.on_release or polls
+# probe.release_requested); each answers one PROBE_SAVED, or the limit passes.
+PROBE_RELEASE = "probe-release"  # body: id, reason, deadline (unix time)
+PROBE_SAVED = "probe-saved"  # body: one ProbeSaved
+# "stacks" is answered by the process's probe thread itself, with every thread's stack:
+# it works while the training thread is stuck. Its layer and tensor are "".
+PROBE_REQUEST_KINDS = ("histogram", "summary", "save", "stacks")
 PROBE_TENSORS = ("activation", "gradient", "weight")
 MAX_HISTOGRAM_BINS = 1000
 
@@ -274,6 +286,28 @@ class ProbeReply(TypedDict):
     inf: NotRequired[int]
     # save: where the tensor was written, inside the box
     path: NotRequired[str]
+    # stacks: every thread's Python stack, as a traceback prints it
+    stacks: NotRequired[str]
+
+
+class ProbeSaved(TypedDict):
+    id: int
+    pid: int
+    saved: list[str]  # what the save function returned: paths, or its own words
+    error: NotRequired[str]  # the save failed: why, in one line
+
+
+class SaveResult(TypedDict):
+    """One process's part of a release: what `devbox down` and the autoscaler report."""
+
+    pid: int
+    cmd: str
+    status: str  # one of SAVE_STATUSES
+    saved: list[str]
+    detail: str  # "" or why (the error, the limit that passed)
+
+
+SAVE_STATUSES = ("saved", "failed", "timeout", "no-handler")
 
 
 class _HistoryBody(TypedDict):
@@ -285,6 +319,19 @@ class _HistoryBody(TypedDict):
 # declares for every key present, nested ones too (keys it does not declare are a newer
 # peer's and pass), and raises ProtocolError with the first thing wrong. So mypy follows a
 # change of a TypedDict into every reader, and a bad peer gets one line, not a KeyError.
+
+
+def probe_saved(frame: Frame) -> ProbeSaved:
+    return cast(ProbeSaved, _checked(frame, PROBE_SAVED, ProbeSaved))
+
+
+def save_results(value: object) -> list[SaveResult]:
+    """What an agent published of a release (a local box's file, a pod's annotation)."""
+    try:
+        _check(list[SaveResult])(value)
+    except _Mismatch as bad:
+        raise ProtocolError(f"malformed save results: {bad}") from None
+    return cast(list[SaveResult], value)
 
 
 def sample(frame: Frame) -> Sample:
@@ -466,6 +513,12 @@ ANN_UNHEALTHY_SINCE = "devbox.io/unhealthy-since"
 ANN_CLAIMED_AT = "devbox.io/claimed-at"  # written by the claimer: unix seconds
 ANN_ACK_AT = "devbox.io/owner-ack-at"  # written by the agent with ANN_OWNER_ACK
 ANN_ALERTS = "devbox.io/alerts"  # written by the agent: devbox.probe's alerts, alerts_cell()
+# On the box's Lease, with the activity: devbox.hang's two times (absent or 0: not now).
+ANN_STALLED_SINCE = "devbox.io/stalled-since"
+ANN_HUNG_SINCE = "devbox.io/hung-since"
+# Written by the agent on its pod as it ends: what its probed processes saved, a JSON
+# list of SaveResult (`devbox down` prints it).
+ANN_SAVED = "devbox.io/saved"
 SSH_PORT = 2222  # the agent's port inside a pod; reached only through port-forward
 # Events the agent posts on its pod when something is refused (an owner key changed after
 # the claim): the reason, as `kubectl get events` shows it.
@@ -519,6 +572,8 @@ def activity_annotations(activity: Activity) -> dict[str, str]:
         value = activity.get(name)
         if isinstance(value, int | float):
             out[key] = f"{value:.1f}"
+    out[ANN_STALLED_SINCE] = f"{activity.get('stalled_since', 0.0):.3f}"
+    out[ANN_HUNG_SINCE] = f"{activity.get('hung_since', 0.0):.3f}"
     return out
 
 
@@ -538,6 +593,8 @@ def activity_from_annotations(ann: dict[str, str]) -> Activity | None:
             "last_forward": float(ann.get(ANN_LAST_FORWARD, "0")),
             "last_sftp": float(ann.get(ANN_LAST_SFTP, "0")),
             "last_exec": float(ann.get(ANN_LAST_EXEC, "0")),
+            "stalled_since": float(ann.get(ANN_STALLED_SINCE, "0")),
+            "hung_since": float(ann.get(ANN_HUNG_SINCE, "0")),
         }
     except ValueError:
         return None
