@@ -5,7 +5,11 @@ Signals of a person at work, whatever their client: keys typed in a terminal and
 started (`last_input`); traffic from the client through port forwards (an editor's server
 connection, its terminals, forwarded ports), SFTP/scp and commands' stdin, each counted
 once it passes a floor per window (protocol.TRAFFIC_FLOOR), so keepalives do not count;
-probe batches; `devbox run` experiments; and the load of the box's GPUs and processes."""
+probe batches; `devbox run` experiments; and the load of the box's GPUs and processes.
+
+It also judges, sample by sample, whether the box is hung (devbox.hang): GPUs busy at
+low power with no probe step and no use, for the rule's `after`. Only the agent sees every
+sample, so it is the one judge; the record carries its verdict to everyone else."""
 
 from __future__ import annotations
 
@@ -14,10 +18,11 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from devbox import private, protocol
+from devbox import hang, private, protocol
 
 log = logging.getLogger("devbox.agent")
 
@@ -49,6 +54,12 @@ class Activity:
     _load: collections.deque[tuple[float, float | None, float | None]] = field(
         default_factory=lambda: collections.deque(maxlen=4096)
     )
+    # devbox.hang: the rule, since when the GPUs look stalled, since when the box is hung
+    # (0: not now), and who hears when the box turns hung or recovers (the session).
+    rule: hang.Rule = field(default_factory=hang.Rule)
+    stalled_since: float = 0.0
+    hung_since: float = 0.0
+    on_hung: Callable[[float], None] | None = None
     _written: float = 0.0
     # Failed writes since the last logged one, and when that was (monotonic; 0: none yet).
     _failures: int = 0
@@ -100,8 +111,35 @@ class Activity:
         )
         while self._load[0][0] < t - protocol.ACTIVITY_WINDOW:
             self._load.popleft()
+        self._judge(sample["gpus"], t)
         # Rewritten at most once a second: its age is also the local box's heartbeat.
         self._maybe_write()
+
+    def _judge(self, gpus: list[protocol.GpuSample], t: float) -> None:
+        if hang.stalled(gpus, self.rule):
+            self.stalled_since = self.stalled_since or t
+        else:
+            self.stalled_since = 0.0
+        was = self.hung_since
+        self.hung_since = hang.hung_since(
+            stalled_since=self.stalled_since,
+            last_step=self.last_probe,
+            last_use=self.last_use(),
+            now=t,
+            rule=self.rule,
+        )
+        if bool(was) != bool(self.hung_since):
+            if self.hung_since:
+                log.warning("the box looks hung since %s", time.ctime(self.hung_since))
+            else:
+                log.info("the box is no longer hung")
+            self._maybe_write(force=True)
+            if self.on_hung is not None:
+                self.on_hung(self.hung_since)
+
+    def last_use(self) -> float:
+        """When a person last used the box, by any signal (protocol.last_use)."""
+        return max(self.last_input, *self.last_traffic.values())
 
     def _peaks(self) -> tuple[float | None, float | None]:
         load = list(self._load)
@@ -122,6 +160,8 @@ class Activity:
             "last_exec": self.last_traffic.get("exec", 0.0),
             "gpu_util": gpu_util,
             "cpu": cpu,
+            "stalled_since": self.stalled_since,
+            "hung_since": self.hung_since,
         }
 
     def client(self, delta: int) -> None:

@@ -8,12 +8,13 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import asyncssh
 
+from agent import notices
 from agent.activity import Activity
 from agent.hostkey import fingerprint
 from agent.kube import PodLink, heartbeat_forever
@@ -22,7 +23,7 @@ from agent.probehub import ProbeHub
 from agent.server import BoxIdentity
 from agent.services import AgentServices
 from agent.tasks import Tasks
-from devbox import protocol, terminals
+from devbox import protocol, saves
 from devbox.boxes import release_warning, release_withdrawn
 
 log = logging.getLogger("devbox.agent.incluster")
@@ -70,6 +71,7 @@ class PodBinding:
         # Per refused thing, its last refused value: a watch replays the pod on every change.
         self._refused: dict[str, str] = {}
         self._warned = ""  # the release time of the warning last told, "" when none stands
+        self._release_reason = ""
 
     @classmethod
     async def start(
@@ -116,6 +118,32 @@ class PodBinding:
         """`devbox ls` reads model alerts from the pod."""
         cell = protocol.alerts_cell(alerts)
         self._call("annotate alerts", self._link.annotate, {protocol.ANN_ALERTS: cell})
+
+    async def ending(
+        self,
+    ) -> tuple[float, str, Callable[[list[protocol.SaveResult]], Awaitable[None]]]:
+        """The pod is being deleted: (until when its processes may save, why, how to
+        publish what they saved). The deletion's grace period is the limit (the kubelet
+        kills the container when it ends), less saves.MARGIN for what comes after."""
+        try:
+            deletion = await asyncio.to_thread(self._link.deletion)
+        except Exception as exc:  # no API server: the box ends without asking
+            log.warning("could not read my pod's deletion: %s", exc)
+            deletion = None
+        deadline = 0.0
+        if deletion is not None:
+            ends, grace = deletion
+            # The node's clock and the API server's may differ: never past the grace.
+            deadline = min(ends, time.time() + grace) - saves.MARGIN
+        reason = self._release_reason or "deleted"
+        return deadline, reason, self._publish_saved
+
+    async def _publish_saved(self, results: list[protocol.SaveResult]) -> None:
+        """`devbox down` reads the annotation as it waits for the pod to go; the event
+        stays after it (`kubectl get events`)."""
+        said = "; ".join(saves.line(r) for r in results)
+        await asyncio.to_thread(self._link.annotate, {protocol.ANN_SAVED: saves.encode(results)})
+        await asyncio.to_thread(self._link.event, "DevboxSaved", said[:1000], kind="Normal")
 
     async def refresh_owner(self) -> None:
         """Read the pod now, for an owner the watch has not brought yet."""
@@ -213,6 +241,10 @@ class PodBinding:
         # The autoscaler's warning reaches the user where they work: their session and
         # every other terminal of the box. Its withdrawal goes the same way.
         release_at = annotations.get(protocol.ANN_RELEASE_AT, "")
+        # Why the box goes, should it go now (what probe.on_release is told): the standing
+        # warning's reason; a deletion without one is a `devbox down` or a kubectl's.
+        reason = annotations.get(protocol.ANN_RELEASE_REASON, "")
+        self._release_reason = reason if release_at else ""
         if not release_at:
             if self._warned:
                 self._warned = ""
@@ -231,17 +263,7 @@ class PodBinding:
         self._call("tell", self._tell, release_warning(self._box.name, reason, when))
 
     def _tell(self, text: str) -> None:
-        box = self._box
-        mux = box.multiplexer
-        mux.tell(box.name, text)
-        table = terminals.Processes()
-        if self._settings.all_processes:
-            shown = table.every()
-        else:
-            shown = table.below([os.getpid(), *table.marked(f"{protocol.BOX_ENV}={box.name}")])
-        programs = terminals.multiplexer_programs(*([mux.path] if mux.path else []))
-        told = terminals.tell(text, table=table, box=shown, multiplexers=programs)
-        log.info("told the session and %d other terminal(s): %s", told, text)
+        notices.tell(self._box, text, all_processes=self._settings.all_processes)
 
 
 def _seconds(value: str) -> float:

@@ -42,7 +42,7 @@ class PodLink:
         )
         self._uid = pod.metadata.uid
 
-    def event(self, reason: str, message: str) -> None:
+    def event(self, reason: str, message: str, *, kind: str = "Warning") -> None:
         """A Warning Event on the pod: what `kubectl describe pod` and the owner's
         `devbox up` show. Never fatal: a refusal stands whether or not it is reported."""
         now = datetime.datetime.now(datetime.UTC)
@@ -57,7 +57,7 @@ class PodLink:
             },
             "reason": reason,
             "message": message,
-            "type": "Warning",
+            "type": kind,
             "source": {"component": "devbox-agent"},
             "firstTimestamp": now.isoformat(),
             "lastTimestamp": now.isoformat(),
@@ -76,6 +76,14 @@ class PodLink:
             dict(pod.metadata.annotations or {}),
             pod.metadata.resource_version,
         )
+
+    def deletion(self) -> tuple[float, float] | None:
+        """(when the pod's grace ends, unix time; its grace in seconds) once it is being
+        deleted; None while it is not."""
+        meta = self.core.read_namespaced_pod(self.pod, self.namespace).metadata
+        if meta.deletion_timestamp is None:
+            return None
+        return meta.deletion_timestamp.timestamp(), float(meta.deletion_grace_period_seconds or 0)
 
     def follow(
         self, on_change: Callable[[dict[str, str], dict[str, str]], None], stop: threading.Event

@@ -13,6 +13,7 @@ import argparse
 import contextlib
 import errno
 import fcntl
+import functools
 import gc
 import logging
 import os
@@ -20,12 +21,14 @@ import resource
 import signal
 import socket
 import sys
+import time
 from pathlib import Path
 
 from agent import gpus, hostkey, sessions
 from agent.init import become_init_if_pid1
-from devbox import gpulocks, protocol
+from devbox import gpulocks, hang, private, protocol, saves
 from devbox.boxes import Multiplexer
+from devbox.errors import UsageError
 
 
 class StartError(Exception):
@@ -71,6 +74,21 @@ def _parser() -> argparse.ArgumentParser:
         "folder under /tmp; sessions get it as $DEVBOX_PROBE_SOCKET)",
     )
     p.add_argument("--alerts-file", type=Path, help="where the probe's model alerts are published")
+    p.add_argument(
+        "--release-file",
+        type=Path,
+        help="read as the box ends: how long its probed processes may take to save "
+        "(devbox.saves; in a pod the deletion's grace period says it)",
+    )
+    p.add_argument("--saved-file", type=Path, help="where what they saved is published")
+    hung = p.add_argument_group("hung, not busy (devbox.hang)")
+    hung.add_argument("--hang-util", type=float, default=hang.Rule.util, help="GPU busy percent")
+    hung.add_argument(
+        "--hang-power", type=float, default=hang.Rule.power, help="under this percent of power"
+    )
+    hung.add_argument(
+        "--hang-after", type=float, default=hang.Rule.after, help="for this many seconds"
+    )
     p.add_argument("--ready-fd", type=int, help="pipe to report readiness on (one frame)")
     p.add_argument(
         "--keeper-fd",
@@ -93,6 +111,12 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _check(args: argparse.Namespace) -> None:
+    try:
+        args.hang = hang.Rule(
+            util=args.hang_util, power=args.hang_power, after=args.hang_after
+        ).check("--hang-*")
+    except UsageError as exc:
+        raise StartError(exc.message, "usage") from None
     if args.pod:
         if not (args.namespace and args.home_root):
             raise StartError("--pod needs --namespace and --home-root", "usage")
@@ -242,7 +266,7 @@ async def _serve(
 
     import asyncssh
 
-    from agent import runs, services
+    from agent import notices, runs, saving, services
     from agent.server import Agent, BoxIdentity, serve
 
     stop = asyncio.Event()
@@ -271,6 +295,7 @@ async def _serve(
         activity_file=args.activity_file,
         probe_socket=args.probe_socket,
         alerts_file=args.alerts_file,
+        hang_rule=args.hang,
     )
     tasks = box_services.tasks
     # Telemetry starts a moment late: the first SSH connection after `devbox up` comes first.
@@ -304,16 +329,54 @@ async def _serve(
     agent = Agent(
         box, box_services, refresh_owner=binding.refresh_owner if binding is not None else None
     )
-    # The box is ending: so do its persistent sessions and what runs in them. First,
-    # while clients are still attached, so they see "[screen is terminating]".
-    await serve(
-        agent,
-        sock=sock,
-        host_key=args.host_key,
-        stop=stop,
-        before_disconnect=lambda: asyncio.to_thread(mux.end, box.name),
-    )
+
+    async def tell(text: str) -> None:
+        await asyncio.to_thread(notices.tell, box, text, all_processes=all_processes)
+
+    def on_hung(since: float) -> None:
+        if since:  # the user hears it where they work; the record says it to the rest
+            text = hang.describe(box.name, since=since, now=time.time(), rule=args.hang)
+            tasks.spawn("tell: hung", tell(text))
+
+    box_services.activity.on_hung = on_hung
+
+    async def end_box() -> None:
+        # The box is ending. First its probed processes save (as long as the release
+        # allows), then its persistent sessions end, and what runs in them: while clients
+        # are still attached, so they see "[screen is terminating]".
+        if binding is not None:
+            deadline, reason, publish = await binding.ending()
+        else:
+            deadline, reason = _local_release(args.release_file)
+            publish = functools.partial(_publish_local, args.saved_file)
+        await saving.save_before_release(
+            box_services.probe_hub,
+            box=box.name,
+            deadline=deadline,
+            reason=reason,
+            tell=tell,
+            publish=publish,
+        )
+        await asyncio.to_thread(mux.end, box.name)
+
+    await serve(agent, sock=sock, host_key=args.host_key, stop=stop, before_disconnect=end_box)
     if binding is not None:
         binding.stop()
     await box_services.close()
     return 0
+
+
+def _local_release(path: Path | None) -> tuple[float, str]:
+    """(deadline, reason) of a local box's release, from the file its backend wrote before
+    it signalled the keeper; (0, "") without one: nobody asked for a save."""
+    if path is None:
+        return 0.0, ""
+    try:
+        return saves.read_request(path.read_text())
+    except OSError:
+        return 0.0, ""
+
+
+async def _publish_local(path: Path | None, results: list[protocol.SaveResult]) -> None:
+    if path is not None:
+        private.write_text(path, saves.encode(results))

@@ -15,7 +15,7 @@ from agent.activity import Activity
 from agent.probehub import ProbeHub
 from agent.tasks import Tasks
 from agent.telemetry import Telemetry
-from devbox import private, protocol
+from devbox import hang, private, protocol
 
 log = logging.getLogger("devbox.agent")
 
@@ -44,11 +44,12 @@ async def build(
     activity_file: Path | None,
     probe_socket: Path | None,
     alerts_file: Path | None,
+    hang_rule: hang.Rule,
 ) -> AgentServices:
     """The services of the box `box`. gpu_uuids None: every GPU this process sees is the
     box's (in a pod the device plugin chose them); all_processes: telemetry shows every
     process visible, not only the agent's and its sessions'."""
-    activity = Activity(activity_file)
+    activity = Activity(activity_file, rule=hang_rule)
     return AgentServices(
         activity=activity,
         telemetry=_telemetry(

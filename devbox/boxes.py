@@ -130,6 +130,8 @@ class Box:
     multiplexer: str = ""
     # devbox.probe's model alerts as one short cell ("nan:fc"), for `devbox ls`; empty: none.
     alerts: str = ""
+    # Since when the agent judges the box hung (devbox.hang); 0: it is not.
+    hung_since: float = 0.0
     # Which of the user's clusters ([clusters.NAME] in config.toml) holds the box; empty:
     # one cluster, or the local backend.
     cluster: str = ""
@@ -194,6 +196,7 @@ class Box:
             # A record an earlier devbox wrote kept the session's kind among the extras.
             multiplexer=str(data.get("multiplexer", extra.pop("multiplexer", ""))),
             alerts=str(data.get("alerts", "")),
+            hung_since=float(data.get("hung_since", 0.0)),
             cluster=str(data.get("cluster", "")),
             extra=extra,
         )
@@ -334,6 +337,14 @@ def release_warning(box: str, reason: str, release_at: float, *, keep_inside: bo
     if keep_inside:
         how = f"`devbox keep` here or {how}"
     return f"devbox: box {box} {why}; it will be released at {clock} ({how} holds it)"
+
+
+def hung_note(box: Box, since: float, now: float) -> str:
+    """`devbox ls`'s and the TUI's word on a box hung since `since` (devbox.hang)."""
+    return (
+        f"hung for {age(now - since)}: GPUs busy at low power, no training step, no "
+        f"input; `devbox probe {box.name} --stacks` shows where it waits"
+    )
 
 
 def release_withdrawn(box: str, why: str) -> str:

@@ -5,11 +5,12 @@ from __future__ import annotations
 import os
 import re
 import tomllib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from devbox import paths, profiles
+from devbox import hang as hang_rule
+from devbox import paths, profiles, saves
 from devbox.errors import UsageError
 from devbox.profiles import Profile
 
@@ -57,6 +58,13 @@ class Config:
     # as not answering: an API server answers a list in tens of milliseconds, and one
     # cluster's outage must not make every command slow.
     cluster_wait: float = 1.5
+    # Seconds a release (`devbox down` without --now) gives the box's probed processes to
+    # save (probe.on_release); 0: none. Kubernetes' default grace of 30 s is too short
+    # for a large model's checkpoint.
+    save_timeout: float = 120.0
+    # What counts as hung, not busy ([hang] util, power, after; devbox.hang): given to
+    # the agents of the boxes this user starts.
+    hang: hang_rule.Rule = field(default_factory=hang_rule.Rule)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -91,6 +99,7 @@ _FIELDS: dict[str, type] = {
     "schedule_timeout": float,
     "failure_memory": float,
     "cluster_wait": float,
+    "save_timeout": float,
 }
 # What a [clusters.NAME] table may set: where the cluster is, and what differs between
 # clusters (a storage class, an image registry); the rest is the user's, for all of them.
@@ -142,7 +151,7 @@ def _validate(data: dict[str, Any], path: Path) -> Config:
     values: dict[str, Any] = {}
     where = f"config file {path}"
     for key, value in data.items():
-        if key in ("profiles", "clusters"):
+        if key in ("profiles", "clusters", "hang"):
             continue
         if key in _REMOVED:
             raise UsageError(f"{where}: {key} was removed: {_REMOVED[key]}")
@@ -152,6 +161,8 @@ def _validate(data: dict[str, Any], path: Path) -> Config:
         values[key] = _typed(key, value, kind, where)
     if "profiles" in data:
         values["profiles"] = profiles.parse_table(data["profiles"], source=where)
+    if "hang" in data:
+        values["hang"] = hang_rule.parse(data["hang"], where=f"{where}: [hang]")
     if "clusters" in data and "backend" not in data:
         values["backend"] = "kubernetes"  # clusters are Kubernetes clusters
     config = Config(**values)
@@ -159,6 +170,11 @@ def _validate(data: dict[str, Any], path: Path) -> Config:
         seconds = getattr(config, key)
         if not 0 < seconds <= most:  # false for nan too
             raise UsageError(f"{where}: {key} must be in (0, {most}] seconds (got {seconds:g})")
+    if not 0 <= config.save_timeout <= saves.MAX_LIMIT:
+        raise UsageError(
+            f"{where}: save_timeout must be in [0, {saves.MAX_LIMIT:g}] seconds "
+            f"(got {config.save_timeout:g})"
+        )
     if "clusters" in data:
         config = replace(config, clusters=_clusters(data["clusters"], config, where))
     if config.backend not in BACKENDS:

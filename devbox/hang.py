@@ -27,7 +27,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from devbox import units
 from devbox.errors import UsageError
@@ -54,9 +53,20 @@ class Rule:
             raise UsageError(f"{where}: after must be in (0s, 366d] (got {self.after:g}s)")
         return self
 
+    def agent_args(self) -> list[str]:
+        """The agent's options that carry this rule (agent/main.py)."""
+        return [
+            "--hang-util",
+            f"{self.util:g}",
+            "--hang-power",
+            f"{self.power:g}",
+            "--hang-after",
+            f"{self.after:g}",
+        ]
 
-def parse(table: object, *, where: str, duration: Any) -> Rule:
-    """A [hang] table (util, power, after); `duration` reads `after` ("10m", 600)."""
+
+def parse(table: object, *, where: str) -> Rule:
+    """A [hang] table: util and power (percent), after (seconds, or "10m")."""
     if not isinstance(table, Mapping):
         raise UsageError(f"{where} must be a table (util, power, after)")
     unknown = set(table) - {"util", "power", "after"}
@@ -70,7 +80,12 @@ def parse(table: object, *, where: str, duration: Any) -> Rule:
                 raise UsageError(f"{where}: {key} must be a number, not {value!r}")
             values[key] = float(value)
     if "after" in table:
-        values["after"] = duration(table["after"], f"{where}: after")
+        after = units.seconds(table["after"])
+        if after is None:
+            raise UsageError(
+                f"{where}: after must be a duration (600, or 10m), not {table['after']!r}"
+            )
+        values["after"] = after
     return Rule(**values).check(where)
 
 
@@ -84,7 +99,7 @@ def stalled(gpus: Sequence[GpuSample], rule: Rule) -> bool:
         power, limit = g["power_w"], g["power_limit_w"]
         if power is None or not limit or not math.isfinite(power):
             return False
-        if power > limit * rule.power / 100:
+        if power >= limit * rule.power / 100:
             return False
     return True
 

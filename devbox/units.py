@@ -41,6 +41,25 @@ def age(seconds: float | None) -> str:
     return f"{seconds}s"
 
 
+_SPANS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def seconds(value: object) -> float | None:
+    """A duration a person wrote, as seconds: a number, or "90s", "30m", "4h", "1d";
+    None when it is not one (nan and inf are none either)."""
+    if isinstance(value, bool):
+        return None
+    out: float | None = None
+    if isinstance(value, int | float):
+        out = float(value)
+    elif isinstance(value, str) and value[-1:] in _SPANS:
+        try:
+            out = float(value[:-1]) * _SPANS[value[-1]]
+        except ValueError:
+            return None
+    return out if out is not None and out - out == 0 else None  # finite
+
+
 def num(value: float | None, unit: str, fmt: str = ".0f") -> str:
     return MISSING if value is None else f"{value:{fmt}}{unit}"
 

@@ -23,6 +23,7 @@ from textual.binding import Binding, BindingType
 from textual.command import Hit, Hits, Provider
 from textual.worker import Worker
 
+from devbox import saves
 from devbox.backends.base import Backend
 from devbox.boxes import Box, BoxSpec, BoxState
 from devbox.errors import DevboxError
@@ -106,6 +107,7 @@ class DevboxApp(App[None]):
         self._relist = asyncio.Event()
         self.announced: set[tuple[str, str]] = set()  # (box, run) endings already told
         self.warned: dict[str, float] = {}  # box -> the release warning already told
+        self.hung: dict[str, float] = {}  # box -> since when it is hung, already told
 
     def on_mount(self) -> None:
         self.push_screen(BoxesScreen(self.context))
@@ -164,6 +166,18 @@ class DevboxApp(App[None]):
                     timeout=30,
                 )
         self.warned = warned
+        # A box that turned hung (devbox.hang): a toast too, once per hang.
+        hung = {b.name: b.hung_since for b in boxes if b.hung_since}
+        for name, since in hung.items():
+            if self.hung.get(name) != since:
+                self.notify(
+                    f"box {name} looks hung: GPUs busy at low power, no training step; "
+                    f"`devbox probe {name} --stacks` shows where it waits",
+                    title="hung",
+                    severity="error",
+                    timeout=30,
+                )
+        self.hung = hung
 
     def _sync_streams(self, boxes: list[Box]) -> None:
         live = {b.name: b for b in boxes if b.state in _LIVE}
@@ -409,12 +423,14 @@ class DevboxApp(App[None]):
             self.run_worker(self._release(view.box), name="release", group="actions")
 
     async def _release(self, box: Box) -> None:
+        self.notify(f"releasing box {box.name}: its probed processes save first")
         try:
-            await self.feed.release(box)
+            results = await self.feed.release(box)
         except DevboxError as exc:
             self.notify(exc.message, title="release failed", severity="error", timeout=10)
             return
-        self.notify(f"box {box.name} released (its home is kept)")
+        said = "".join(f"\n{saves.line(r)}" for r in results)
+        self.notify(f"box {box.name} released (its home is kept){said}", timeout=10 if said else 5)
         if isinstance(self.screen, BoxScreen) and self.screen.box_name == box.name:
             self.pop_screen()
         self.relist()

@@ -21,10 +21,10 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol
 
-from devbox import protocol
+from devbox import protocol, saves
 from devbox.backends.base import Backend
 from devbox.boxes import Box, BoxSpec
-from devbox.protocol import LayerStats, ProbeAlert, ProbeRequest, ProbeStats, Sample
+from devbox.protocol import LayerStats, ProbeAlert, ProbeRequest, ProbeStats, Sample, SaveResult
 from devbox.runs.record import Run
 
 # Seconds of 1 Hz history kept per box for sparklines and charts (the agent keeps 600).
@@ -49,7 +49,10 @@ class Feed(Protocol):
 
     async def claim(self, spec: BoxSpec, *, name: str | None, backend: str | None) -> Box: ...
 
-    async def release(self, box: Box) -> None: ...
+    async def release(self, box: Box) -> builtins.list[SaveResult]:
+        """Release the box, its probed processes saving first (as `devbox down`); what
+        each saved."""
+        ...
 
     async def keep(self, box: Box, *, until: float) -> Box: ...
 
@@ -124,8 +127,12 @@ class BackendFeed:
 
         return await asyncio.to_thread(claim)
 
-    async def release(self, box: Box) -> None:
-        await asyncio.to_thread(self.backend.release, box.name)
+    async def release(self, box: Box) -> builtins.list[SaveResult]:
+        from devbox import config
+
+        save = saves.Ask(within=config.load().save_timeout, reason="down")
+        await asyncio.to_thread(partial(self.backend.release, box.name, save=save))
+        return save.results
 
     async def keep(self, box: Box, *, until: float) -> Box:
         return await asyncio.to_thread(partial(self.backend.keep, box.name, until=until))
@@ -194,6 +201,14 @@ class BoxView:
     )
     link: str = "connecting"  # "live", "connecting", or "lost: why"
     _last_history_t: float = 0.0
+
+    @property
+    def hung_since(self) -> float:
+        """Since when the box's agent judges it hung (devbox.hang), 0: not: its newest
+        sample says it first, the box list (a few seconds behind) otherwise."""
+        if self.sample is not None and "activity" in self.sample:
+            return self.sample["activity"].get("hung_since", self.box.hung_since)
+        return self.box.hung_since
 
     def add(self, sample: Sample) -> None:
         self.sample = sample

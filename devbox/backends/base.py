@@ -12,6 +12,7 @@ import socket
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
+from devbox import saves
 from devbox.boxes import Box, BoxSpec
 from devbox.profiles import Profile
 
@@ -57,12 +58,19 @@ class Backend(Protocol):
         ...
 
     def release(
-        self, name: str, *, purge: bool = False, confirm: Callable[[str], None] | None = None
+        self,
+        name: str,
+        *,
+        purge: bool = False,
+        confirm: Callable[[str], None] | None = None,
+        save: saves.Ask | None = None,
     ) -> bool:
         """End the box and every process in it, then free its GPUs; its home stays unless
         `purge`. Deleting a home first calls `confirm` with what would go (it raises to
-        refuse). True when a box was released; False when only a released box's kept home
-        was purged (a backend that keeps such homes per box)."""
+        refuse). `save`: the box's probed processes are asked to save first, and given
+        `save.within` seconds; what they answered is put in `save.results` (None: the box
+        ends at once). True when a box was released; False when only a released box's kept
+        home was purged (a backend that keeps such homes per box)."""
         ...
 
     def keep(self, name: str, *, until: float) -> Box:

@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from devbox import names, paths, private
+from devbox import names, paths, private, saves
 from devbox.backends import placement
 from devbox.backends.kubernetes import KubernetesBackend, NotScheduled
 from devbox.backends.kubernetes.rest import Unreachable
@@ -184,10 +184,15 @@ class Clusters:
         return self._stamp(cluster, self.member(cluster).keep(name, until=until))
 
     def release(
-        self, name: str, *, purge: bool = False, confirm: Callable[[str], None] | None = None
+        self,
+        name: str,
+        *,
+        purge: bool = False,
+        confirm: Callable[[str], None] | None = None,
+        save: saves.Ask | None = None,
     ) -> bool:
         cluster = self.locate(name)
-        done = self.member(cluster).release(name, purge=purge, confirm=confirm)
+        done = self.member(cluster).release(name, purge=purge, confirm=confirm, save=save)
         _routes.forget(name)
         return done
 

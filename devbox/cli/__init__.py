@@ -222,6 +222,12 @@ def build_parser() -> argparse.ArgumentParser:
     down.add_argument(
         "--yes", "-y", action="store_true", help="with --purge: delete without asking"
     )
+    down.add_argument(
+        "--now",
+        action="store_true",
+        help="do not ask the box's probed processes to save first (probe.on_release; "
+        "they get save_timeout otherwise)",
+    )
 
     ssh = _command(
         sub,

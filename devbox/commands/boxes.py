@@ -11,8 +11,9 @@ import time
 from collections.abc import Callable
 
 from devbox import config as config_mod
+from devbox import saves
 from devbox.backends.base import Backend
-from devbox.boxes import Box, session_warning
+from devbox.boxes import Box, BoxState, hung_note, session_warning
 from devbox.commands import print_table, say
 from devbox.connect import backend_for, prefetch_client, refresh_ssh_config, session
 from devbox.errors import EXIT_FAILURE, DevboxError, UsageError
@@ -72,7 +73,8 @@ def ls(args: argparse.Namespace) -> int:
                 (
                     b.name,
                     b.cluster if where else b.backend,
-                    b.state.value,
+                    # Running, but stuck (devbox.hang): what the user must see first.
+                    "hung" if b.hung_since and b.state is BoxState.RUNNING else b.state.value,
                     str(b.spec.gpus),
                     age(now - b.created_at),
                     age(b.idle_seconds(now)),
@@ -86,6 +88,8 @@ def ls(args: argparse.Namespace) -> int:
         for b in boxes:
             if b.reason:
                 print(f"{b.name}: {b.reason}", file=sys.stderr)
+            if b.hung_since and b.state is BoxState.RUNNING:
+                print(f"{b.name}: {hung_note(b, b.hung_since, now)}", file=sys.stderr)
             note = b.autoscaler_note(now)
             if b.release_at:  # the clock too: "in 4m" is stale once read
                 note += f"; at {time.strftime('%H:%M:%S', time.localtime(b.release_at))}"
@@ -107,7 +111,14 @@ def _release_cell(box: Box, now: float) -> str:
 def down(args: argparse.Namespace) -> int:
     validate_name(args.name)
     backend = backend_for(args)
-    released = backend.release(args.name, purge=args.purge, confirm=_destroy_question(args.yes))
+    # Training code that registered probe.on_release saves first (devbox.saves).
+    within = 0.0 if args.now else config_mod.load().save_timeout
+    save = saves.Ask(within=within, reason="down") if within else None
+    released = backend.release(
+        args.name, purge=args.purge, confirm=_destroy_question(args.yes), save=save
+    )
+    for result in save.results if save is not None else []:
+        say(f"box {args.name}: {saves.line(result)}")
     refresh_ssh_config(backend)
     if not released:
         say(f"box {args.name}'s kept home is deleted")

@@ -72,7 +72,8 @@ def _real_user(cluster: Cluster, folder: Path, nvml_lib_dir: Path, *, ns: str = 
     user = make_user(folder, nvml_lib_dir)
     configure(user, ns, cluster.kubeconfig)
     config = user.home / ".config/devbox/config.toml"
-    config.write_text(config.read_text().replace("start_timeout = 120", "start_timeout = 300"))
+    text = config.read_text().replace("start_timeout = 120", "start_timeout = 300")
+    config.write_text(text + "save_timeout = 40\n")
     with config.open("a") as f:
         f.write(PROFILES)
     return KubeUser(user, ns, cluster)
@@ -326,9 +327,62 @@ def _busy_box(kube: KubeUser, name: str) -> tuple[dict[str, Any], set[int]]:
     return box, pids
 
 
-def test_down_ends_every_process_of_the_box(rk: KubeUser) -> None:
-    _, pids = _busy_box(rk, "ends")
-    rk.devbox("down", "ends", check=True, timeout=120)
+# Training code's save before release, without torch: probe.on_release needs none. The
+# box's own Python is the one devbox is installed in (a researcher's would have it too).
+SAVER = """
+import os, time
+from devbox import probe
+
+def save(reason):
+    path = os.path.expanduser("~/saved-by-release.txt")
+    with open(path, "w") as f:
+        f.write(reason + "\\n")
+    return path
+
+probe.on_release(save)
+while True:
+    time.sleep(1)
+"""
+
+
+def _saver(kube: KubeUser, name: str) -> int:
+    """Start a process in the box that saves before release; its pid, once its probe link
+    is up (the hub lists it for `devbox probe --stacks`)."""
+    _in_box(kube, name, f"cat > ~/saver.py <<'EOF'\n{SAVER}EOF")
+    python = '"$(dirname "$(readlink -f "$(command -v devbox)")")/python"'
+    out = _in_box(kube, name, f"setsid {python} ~/saver.py >/dev/null 2>&1 </dev/null & echo $!")
+    pid = int(out.split()[-1])
+
+    def linked() -> bool:
+        stacks = kube.devbox("probe", name, "--stacks", timeout=60)
+        return f"process {pid}" in stacks.stdout.decode()
+
+    wait_until(linked, timeout=60, what="the saver's probe link", every=0.5)
+    return pid
+
+
+def _home_on_volume(kube: KubeUser, owner: str) -> Path:
+    """The owner's home on the homes volume, as the node's host folder (a hostPath PV)."""
+    got = kube.cluster.kubectl_run("get", "pv", "-o", "json")
+    for pv in json.loads(got.stdout)["items"]:
+        if (pv["spec"].get("claimRef") or {}).get("namespace") == kube.namespace:
+            return Path(pv["spec"]["hostPath"]["path"]) / home_folder(owner)
+    raise AssertionError(f"no homes volume for namespace {kube.namespace}")
+
+
+def test_down_ends_every_process_of_the_box_after_it_saved(rk: KubeUser) -> None:
+    box, pids = _busy_box(rk, "ends")
+    pod = _pod(rk, box["place"])
+    assert pod is not None
+    # However the pod goes, its processes get save_timeout (the test's: 40 s), plus the
+    # agent's margin, as the grace period the kubelet gives the container.
+    assert pod["spec"]["terminationGracePeriodSeconds"] == 48
+    saver = _saver(rk, "ends")
+    done = rk.devbox("down", "ends", check=True, timeout=180)
+    said = done.stdout.decode() + done.stderr.decode()
+    saved = _home_on_volume(rk, box["owner"]) / "saved-by-release.txt"
+    assert f"process {saver}" in said and "saved-by-release.txt" in said, said
+    assert saved.read_text() == "deleted\n"  # no warning stood: a deletion, by its owner
     wait_until(lambda: not any(_alive(p) for p in pids), timeout=60, what="every process to end")
 
 
@@ -403,10 +457,16 @@ def test_a_claimed_warm_box_is_not_preempted_by_ordinary_gpu_work(rk: KubeUser) 
     assert _in_box(rk, "held", "echo alive") == "alive\n"
 
 
-def test_an_autoscaler_release_ends_every_process_of_the_box(rk: KubeUser, tmp_path: Path) -> None:
+def test_an_autoscaler_release_saves_then_ends_every_process_of_the_box(
+    rk: KubeUser, tmp_path: Path
+) -> None:
     box, pids = _busy_box(rk, "idle")
+    saver = _saver(rk, "idle")
+    saved = _home_on_volume(rk, box["owner"]) / "saved-by-release.txt"
     settings = tmp_path / "autoscaler.toml"
-    settings.write_text("idle_timeout = 6\nwarning = 3\ngrace = 0\ninterval = 1\n")
+    settings.write_text(
+        "idle_timeout = 6\nwarning = 3\ngrace = 0\ninterval = 1\nsave_timeout = 30\n"
+    )
     log = tmp_path / "autoscaler.log"
     with open(log, "wb") as out:
         scaler = subprocess.Popen(
@@ -428,6 +488,13 @@ def test_an_autoscaler_release_ends_every_process_of_the_box(rk: KubeUser, tmp_p
         scaler.terminate()
         scaler.wait(timeout=30)
     assert "released" in log.read_text(), log.read_text()[-2000:]
+    # The deletion's grace let the agent ask the saver, which saved before the end.
+    assert saved.read_text() == "idle\n"
+    events = rk.cluster.kubectl_run(
+        "get", "events", "-n", rk.namespace, "--field-selector", "reason=DevboxSaved", "-o", "json"
+    )
+    messages = [e["message"] for e in json.loads(events.stdout)["items"]]
+    assert any(f"process {saver}" in m and "saved-by-release.txt" in m for m in messages), messages
     wait_until(lambda: not any(_alive(p) for p in pids), timeout=60, what="every process to end")
 
 

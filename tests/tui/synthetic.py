@@ -12,7 +12,15 @@ from collections.abc import AsyncIterator
 from devbox import protocol
 from devbox.boxes import Box, BoxSpec, BoxState
 from devbox.errors import DevboxError
-from devbox.protocol import BoxProcess, GpuSample, HostSample, ProbeRequest, ProbeStats, Sample
+from devbox.protocol import (
+    BoxProcess,
+    GpuSample,
+    HostSample,
+    ProbeRequest,
+    ProbeStats,
+    Sample,
+    SaveResult,
+)
 from devbox.runs.record import Run
 
 GIB = 1 << 30
@@ -153,6 +161,8 @@ class SyntheticFeed:
         self.fail_next_stream: set[str] = set()  # fault injection for reconnect tests
         self.nan_at: int | None = None  # the model's statistics go NaN from this step on
         self.requests: list[ProbeRequest] = []  # what the model screen asked for
+        self.saved: dict[str, list[SaveResult]] = {}  # per box: what a release reports saved
+        self.hung: dict[str, float] = {}  # per box: since when its agent judges it hung
 
     async def boxes(self) -> builtins.list[Box]:
         return list(self.box_list)
@@ -176,6 +186,7 @@ class SyntheticFeed:
                 "last_input": T0 - 60,
                 "last_probe": 0.0,
                 "runs": self.running.get(box.name, 0),
+                "hung_since": self.hung.get(box.name, 0.0),
             }
             yield protocol.Frame(protocol.SAMPLE, body)
             seq += 1
@@ -190,8 +201,9 @@ class SyntheticFeed:
         self.box_list.append(box)
         return box
 
-    async def release(self, box: Box) -> None:
+    async def release(self, box: Box) -> list[SaveResult]:
         self.box_list = [b for b in self.box_list if b.name != box.name]
+        return list(self.saved.get(box.name, []))
 
     async def keep(self, box: Box, *, until: float) -> Box:
         kept = Box(**{**box.__dict__, "keep_until": until})

@@ -294,6 +294,33 @@ async def test_the_autoscalers_warning_and_health_mark_show() -> None:
         await until(lambda: "unhealthy: agent silent for 5m" in str(summary.render()))
 
 
+async def test_a_hung_box_shows_and_a_release_says_what_was_saved() -> None:
+    import dataclasses
+
+    feed = SyntheticFeed(2, 1)
+    # The list says it (a few seconds behind), then the box's own samples.
+    feed.box_list[1] = dataclasses.replace(feed.box_list[1], hung_since=T0 - 600)
+    feed.hung["box-01"] = T0 - 600
+    feed.saved["box-01"] = [
+        {"pid": 42, "cmd": "python train.py", "status": "saved", "saved": ["ckpt.pt"], "detail": ""}
+    ]
+    app = app_for(feed)
+    told = notifications(app)
+    async with app.run_test(size=SIZE) as pilot:
+        await until(lambda: len(boxes_screen(app).shown) == 2)
+        await until(lambda: cell(app, "box-01", "STATE") == "hung")
+        assert cell(app, "box-00", "STATE") == "running"
+        await until(lambda: any("box box-01 looks hung" in n for n in told))
+        await pilot.press("j")
+        detail = app.screen.query_one("#detail", Static)
+        await until(lambda: "hung for 10m" in str(detail.render()))
+        assert "devbox probe box-01 --stacks" in str(detail.render())
+        await pilot.press("ctrl+d", "y")
+        await until(lambda: any("saved ckpt.pt" in n for n in told))
+        said = [n for n in told if "released" in n]
+        assert said and "process 42 (python train.py) saved ckpt.pt" in said[-1], said
+
+
 def test_entering_a_box_of_one_of_several_clusters_names_its_cluster() -> None:
     """A child `devbox ssh` goes straight to the box's cluster, not asking every one."""
     import dataclasses

@@ -17,7 +17,7 @@ def _sample(t: float, utils: list[float | None], cpus: list[tuple[int, float | N
     return {
         "t": t,
         "seq": 1,
-        "gpus": [{"util": u} for u in utils],
+        "gpus": [{"util": u, "lost": False, "power_w": None, "power_limit_w": None} for u in utils],
         "host": {},
         "processes": [{"pid": pid, "cpu": cpu} for pid, cpu in cpus],
     }
@@ -60,6 +60,8 @@ def test_lease_annotations_round_trip_and_bad_values() -> None:
         "last_forward": 13.0,
         "last_sftp": 0.0,
         "last_exec": 14.0,
+        "stalled_since": 9.5,
+        "hung_since": 0.0,
     }
     ann = protocol.activity_annotations(snap)
     assert protocol.ANN_CPU not in ann and ann[protocol.ANN_GPU_UTIL] == "93.2"

@@ -38,7 +38,7 @@ def _claimed_warm_pod() -> dict[str, Any]:
 
 def test_a_claimed_warm_pod_is_idle_no_longer_than_its_age() -> None:
     # The agent's last input is its own start: nobody has typed since the pool made it.
-    box = pods.to_box(_claimed_warm_pod(), last_input=T0)
+    box = pods.to_box(_claimed_warm_pod(), activity={"last_input": T0, "clients": 0})
     age, idle = NOW - box.created_at, box.idle_seconds(NOW)
     assert box.created_at == T1 and age == 60
     assert idle is not None and idle <= age and idle == 60
@@ -46,12 +46,12 @@ def test_a_claimed_warm_pod_is_idle_no_longer_than_its_age() -> None:
 
 
 def test_input_after_the_claim_still_counts() -> None:
-    box = pods.to_box(_claimed_warm_pod(), last_input=T1 + 50)
+    box = pods.to_box(_claimed_warm_pod(), activity={"last_input": T1 + 50, "clients": 0})
     assert box.last_activity == T1 + 50 and box.idle_seconds(NOW) == 10
 
 
 def test_unknown_activity_stays_unknown() -> None:
-    assert pods.to_box(_claimed_warm_pod(), last_input=0.0).idle_seconds(NOW) is None
+    assert pods.to_box(_claimed_warm_pod(), activity=None).idle_seconds(NOW) is None
 
 
 def test_no_box_is_idle_for_longer_than_it_has_existed() -> None:

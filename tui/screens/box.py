@@ -13,6 +13,7 @@ from textual.coordinate import Coordinate
 from textual.widgets import DataTable, Footer, Header, Label, Sparkline, Static
 
 from devbox import protocol
+from devbox.boxes import hung_note
 from devbox.runs.record import Run
 from tui import messages
 from tui.feed import BoxView, Store
@@ -157,6 +158,8 @@ class BoxScreen(AppScreen):
             parts.append(f"sessions: {activity['clients']} attached, last used {age(idle)} ago")
         if box.reason:
             parts.append(box.reason)
+        if view.hung_since:
+            parts.append(f"[b]{hung_note(box, view.hung_since, self.context.clock())}[/b]")
         note = box.autoscaler_note(self.context.clock())
         if note:
             parts.append(f"[b]{note}[/b]")

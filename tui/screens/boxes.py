@@ -10,6 +10,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.widgets import Footer, Header, Input, Static
 
+from devbox.boxes import hung_note
 from tui import messages
 from tui.feed import BoxView, Store
 from tui.screens.base import AppScreen, ScreenContext
@@ -44,6 +45,8 @@ def row(view: BoxView, now: float) -> tuple[str, ...]:
     # The autoscaler's word outranks the link: a user must see it in the table.
     if box.unhealthy_since:
         state = "unhealthy"
+    elif view.hung_since and box.state.value == "running":
+        state = "hung"  # busy-looking GPUs that do nothing: before any release warning
     elif box.release_at:
         state = "warned"
     return (
@@ -70,6 +73,8 @@ def detail(view: BoxView | None, now: float) -> str:
         lines[0] += f"  kept until {time.strftime('%a %H:%M', time.localtime(box.keep_until))}"
     if box.reason:
         lines.append(box.reason)
+    if view.hung_since:
+        lines.append(f"[b]{hung_note(box, view.hung_since, now)}[/b]")
     note = box.autoscaler_note(now)
     if note:
         lines.append(f"[b]{note}[/b]  (`devbox explain {box.name}` says why)")

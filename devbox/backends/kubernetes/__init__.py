@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
-from devbox import names, paths, profiles
+from devbox import names, paths, profiles, saves
 from devbox import protocol as p
 from devbox.backends.kubernetes import (
     api,
@@ -103,7 +103,7 @@ class KubernetesBackend:
         found = self._pods(f"{pods.MANAGED},{p.LABEL_BOX}={name}")
         return found[0] if found else None
 
-    def _leases(self) -> dict[str, float]:
+    def _leases(self) -> dict[str, p.Activity]:
         c = self.cluster
         try:
             items = c.rest.get(c.leases(), labelSelector=pods.MANAGED)["items"]
@@ -113,7 +113,7 @@ class KubernetesBackend:
         for lease in items:
             activity = p.activity_from_annotations(lease["metadata"].get("annotations") or {})
             if activity is not None:
-                out[lease["metadata"]["name"]] = p.last_use(activity)
+                out[lease["metadata"]["name"]] = activity
         return out
 
     def list(self) -> builtins.list[Box]:
@@ -123,7 +123,7 @@ class KubernetesBackend:
             )
             leases = self._leases()  # one request for all boxes, not one per box
         mine = [pod for pod in mine if self._mine(pod)]
-        boxes = [pods.to_box(pod, last_input=leases.get(pods.name(pod), 0.0)) for pod in mine]
+        boxes = [pods.to_box(pod, activity=leases.get(pods.name(pod))) for pod in mine]
         return sorted(boxes, key=lambda b: b.name)
 
     def get(self, name: str) -> Box:
@@ -402,7 +402,12 @@ class KubernetesBackend:
     # --- release --------------------------------------------------------------------
 
     def release(
-        self, name: str, *, purge: bool = False, confirm: Callable[[str], None] | None = None
+        self,
+        name: str,
+        *,
+        purge: bool = False,
+        confirm: Callable[[str], None] | None = None,
+        save: saves.Ask | None = None,
     ) -> bool:
         if purge:
             # A home here is the owner's, shared by all their boxes (ROOT/OWNER on the homes
@@ -414,19 +419,34 @@ class KubernetesBackend:
             )
         box = self.get(name)
         with api.errors(self.cluster):
-            self._delete(box.place, wait=True)
+            seen = self._delete(
+                box.place, wait=True, grace=pods.release_grace(save.within if save else 0.0)
+            )
+        if save is not None:
+            # The agent annotates its pod with what was saved as it ends (agent/saving.py).
+            save.results = saves.decode(seen.get(p.ANN_SAVED, ""))
         known_hosts.unpin(name)
         return True
 
-    def _delete(self, pod_name: str, *, wait: bool) -> None:
+    def _delete(self, pod_name: str, *, wait: bool, grace: int | None = None) -> dict[str, str]:
+        """Delete the pod (with `grace` seconds for its agent, None: the pod's own), and with
+        `wait` until it is gone; the pod's last annotations seen."""
         c = self.cluster
-        if _gone(lambda: c.rest.delete(c.pods(pod_name))):
-            return
-        deadline = time.monotonic() + 60
+        body = None if grace is None else {"gracePeriodSeconds": grace}
+        seen: dict[str, str] = {}
+        if _gone(lambda: c.rest.delete(c.pods(pod_name), body=body)):
+            return seen
+        # The kubelet gives the agent its grace; the API server's part after is quick.
+        deadline = time.monotonic() + (grace or 0) + 60
         while wait and time.monotonic() < deadline:
-            if _gone(lambda: c.rest.get(c.pods(pod_name))):
-                return
-            time.sleep(0.1)
+            try:
+                seen = pods.annotations_of(c.rest.get(c.pods(pod_name)))
+            except ApiError as exc:
+                if exc.status == 404:
+                    return seen
+                raise
+            time.sleep(0.1 if grace is None or grace < 10 else 0.25)
+        return seen
 
     # --- connect --------------------------------------------------------------------
 

@@ -107,7 +107,7 @@ class KubeWorld:
         if lease is not None and _owned_by(lease, pod):
             activity = p.activity_from_annotations(lease["metadata"].get("annotations") or {})
             beat = _timestamp((lease.get("spec") or {}).get("renewTime"))
-        box = pods.to_box(pod, last_input=p.last_use(activity) if activity else 0.0)
+        box = pods.to_box(pod, activity=activity)
         return policy.BoxFacts(key=pods.name(pod), box=box, activity=activity, heartbeat_at=beat)
 
     def _claim_latency(self, pod: dict[str, Any]) -> float | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 import secrets
 import time
@@ -11,6 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from devbox import protocol as p
+from devbox import saves
 from devbox.backends.kubernetes.identity import Identity
 from devbox.boxes import Box, BoxSpec, BoxState, Toleration
 from devbox.config import Config
@@ -115,6 +117,7 @@ def box_pod(
             "/run/devbox/host_key",
             # Starts as root only to make the owner's home and become the owner's uid.
             "--become-owner",
+            *config.hang.agent_args(),
         ],
         "env": [
             {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
@@ -147,7 +150,9 @@ def box_pod(
         "containers": [container],
         "serviceAccountName": config.service_account,
         "restartPolicy": "Always",
-        "terminationGracePeriodSeconds": 10,
+        # However the pod is deleted (kubectl, a drain, a preemption), its probed
+        # processes get the user's save_timeout to save, as with `devbox down`.
+        "terminationGracePeriodSeconds": release_grace(config.save_timeout),
         # No fsGroup: on a volume every user shares, the kubelet would give every file of
         # every home to the group of whichever box started last.
         # The image's user (root, images/box/Dockerfile) until the agent becomes its
@@ -278,6 +283,13 @@ def _state(pod: dict[str, Any]) -> tuple[BoxState, str]:
     return BoxState.PENDING, ""
 
 
+def release_grace(within: float) -> int:
+    """The grace period of a deletion that gives the box's probed processes `within`
+    seconds to save: the agent keeps saves.MARGIN of it to end the sessions. With 0
+    (`down --now`) the agent asks nothing and only ends the sessions."""
+    return math.ceil(max(0.0, within) + saves.MARGIN)
+
+
 def unchanged(pod: dict[str, Any]) -> dict[str, Any]:
     """A DELETE body that the API server refuses (409) if the pod changed since it was
     read (a claim, a `devbox keep`): a decision made on one pod never hits another."""
@@ -307,7 +319,7 @@ def is_ready_warm(pod: dict[str, Any]) -> bool:
     )
 
 
-def to_box(pod: dict[str, Any], *, last_input: float = 0.0) -> Box:
+def to_box(pod: dict[str, Any], *, activity: p.Activity | None = None) -> Box:
     meta, spec = pod["metadata"], pod.get("spec") or {}
     labels = meta.get("labels") or {}
     ann = meta.get("annotations") or {}
@@ -318,6 +330,7 @@ def to_box(pod: dict[str, Any], *, last_input: float = 0.0) -> Box:
     created = meta.get("creationTimestamp")
     claimed = _seconds(ann.get(p.ANN_CLAIMED_AT))
     selector = spec.get("nodeSelector") or {}
+    last_input = p.last_use(activity) if activity else 0.0
     return Box(
         name=labels.get(p.LABEL_BOX) or meta["name"],
         owner=ann.get(p.ANN_OWNER_NAME) or labels.get(p.LABEL_OWNER, ""),
@@ -351,6 +364,7 @@ def to_box(pod: dict[str, Any], *, last_input: float = 0.0) -> Box:
         place=meta["name"],
         # devbox.probe's model alerts, as the agent publishes them (`devbox ls`)
         alerts=ann.get(p.ANN_ALERTS, ""),
+        hung_since=activity.get("hung_since", 0.0) if activity else 0.0,
         extra={"namespace": meta.get("namespace", ""), "node": spec.get("nodeName") or ""},
     )
 

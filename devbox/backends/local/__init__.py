@@ -17,10 +17,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from devbox import names, paths, private, profiles, protocol
+from devbox import names, paths, private, profiles, protocol, saves
 from devbox.backends.local import keeper
 from devbox.backends.local.launcher import END_TIMEOUT, Ready, start_agent
-from devbox.backends.local.store import AUTHORIZED_KEY, HOME, HOST_KEY, BoxStore
+from devbox.backends.local.store import AUTHORIZED_KEY, HOME, HOST_KEY, RELEASE_FILE, BoxStore
 from devbox.boxes import Box, BoxSpec, BoxState, Multiplexer
 from devbox.config import Config
 from devbox.errors import DevboxError, ResourceError, StateError, UsageError
@@ -122,6 +122,7 @@ class LocalBackend:
                 port=port,
                 multiplexer=self.config.multiplexer,
                 timeout=self.config.start_timeout,
+                hang=self.config.hang,
             )
             box = self._record_up(name, ready, home=folder / HOME)
             known_hosts.pin(box.name, box.host_key)
@@ -163,12 +164,17 @@ class LocalBackend:
     def _with_live_state(self, box: Box) -> Box:
         box = self._with_alerts(box)
         alive = self.store.agent_alive(box.name)
-        last_input, _clients = self.store.activity(box.name)
+        last_input, _clients, hung_since = self.store.activity(box.name)
         if alive:
             # A pending record with a live agent is a claim between the agent's start and
             # its READY: no port or host key yet, so not reachable until the record says so.
             state = BoxState.PENDING if box.state is BoxState.PENDING else BoxState.RUNNING
-            return dataclasses.replace(box, state=state, last_activity=last_input or box.created_at)
+            return dataclasses.replace(
+                box,
+                state=state,
+                last_activity=last_input or box.created_at,
+                hung_since=hung_since,
+            )
         if (
             box.state is BoxState.PENDING
             and time.time() - box.created_at < self.config.start_timeout
@@ -269,16 +275,25 @@ class LocalBackend:
         *,
         purge: bool = False,
         confirm: Callable[[str], None] | None = None,
+        save: saves.Ask | None = None,
         unless_kept: bool = False,
     ) -> bool:
         """As the protocol says; `unless_kept` (the autoscaler's): not a box that is kept,
         judged under the name's lock, so a `keep` just before is never lost (False)."""
         names.validate_name(name)
         with self.store.name_locked(name):  # after a claim of the name in progress
-            return self._release(name, purge=purge, confirm=confirm, unless_kept=unless_kept)
+            return self._release(
+                name, purge=purge, confirm=confirm, save=save, unless_kept=unless_kept
+            )
 
     def _release(
-        self, name: str, *, purge: bool, confirm: Callable[[str], None] | None, unless_kept: bool
+        self,
+        name: str,
+        *,
+        purge: bool,
+        confirm: Callable[[str], None] | None,
+        save: saves.Ask | None,
+        unless_kept: bool,
     ) -> bool:
         folder = self.store.box_dir(name)
         try:
@@ -296,7 +311,14 @@ class LocalBackend:
             return False
         if purge:  # asked before anything is stopped: a "no" leaves the box as it was
             _confirm(confirm, f"the home of box {name} ({folder / 'home'})")
-        self._end_processes(name, mux_kind=box.multiplexer if box else "")
+        # Read by the agent and its keeper as the keeper's SIGTERM arrives (devbox.saves):
+        # the keeper waits for the agent that much longer, as a pod's grace period does.
+        within = save.within if save is not None else 0.0
+        request = saves.request(within, save.reason if save is not None else "down")
+        private.write_text(folder / RELEASE_FILE, request)
+        self._end_processes(name, mux_kind=box.multiplexer if box else "", longer=within)
+        if save is not None:
+            save.results = self.store.saved(name)
         _remove_probe_socket(folder / HOME)
         self.store.remove(name)
         known_hosts.unpin(name)
@@ -304,15 +326,16 @@ class LocalBackend:
             shutil.rmtree(folder, ignore_errors=True)
         return True
 
-    def _end_processes(self, name: str, *, mux_kind: str) -> None:
+    def _end_processes(self, name: str, *, mux_kind: str, longer: float = 0.0) -> None:
         """End every process of the box, as deleting a pod does; return once all are gone,
-        and with them the box's hold on its GPUs."""
+        and with them the box's hold on its GPUs. `longer`: the seconds the release gives
+        the box's processes to save, which the keeper adds to the agent's grace."""
         if self.store.keeper_alive(name):
             pid = self.store.keeper_pid(name)
             if pid is None:
                 raise StateError(f"box {name}: its keeper runs but its pid file is unreadable")
             os.kill(pid, signal.SIGTERM)  # the keeper ends them all, then itself
-            if self._wait(lambda: not self.store.keeper_alive(name), END_TIMEOUT):
+            if self._wait(lambda: not self.store.keeper_alive(name), END_TIMEOUT + longer):
                 return
             keeper.signal_all(pid, signal.SIGKILL)  # a keeper that hangs: do its work
             os.kill(pid, signal.SIGKILL)

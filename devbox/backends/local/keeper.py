@@ -15,8 +15,10 @@ CUDA_VISIBLE_DEVICES set. So the launcher starts this keeper instead of the agen
 - once the agent is gone it listens on the names itself, so a refusal names a live
   process (SO_PEERCRED tells the pid that listened last) and holder queries are answered;
 - SIGTERM (`devbox down`, a release) ends the box as deleting a pod would: the agent
-  first (it ends the sessions, so attached clients see them end), then every descendant,
-  SIGTERM and after a grace SIGKILL, until none is left; then it exits.
+  first (its probed processes save, then it ends the sessions, so attached clients see
+  them end), then every descendant, SIGTERM and after a grace SIGKILL, until none is
+  left; then it exits. The agent gets AGENT_GRACE plus the limit of the release file the
+  backend wrote (the agent's --release-file; devbox.saves), as a pod gets its grace.
 
 It lives as long as the box, so it is run as a script by path (`python -I -S keeper.py`)
 and imports only the standard library: no devbox package, no site-packages. The local
@@ -30,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import fcntl
+import json
 import os
 import select
 import signal
@@ -39,6 +42,7 @@ import time
 
 PR_SET_CHILD_SUBREAPER = 36
 AGENT_GRACE = 10.0  # seconds the agent gets to end the sessions itself
+MAX_SAVE = 3600.0  # the most a release file may add to it (devbox.saves.MAX_LIMIT)
 TERM_GRACE = 5.0  # seconds the box's other processes get between SIGTERM and SIGKILL
 KILL_EVERY = 0.1  # a process forked between two SIGKILL sweeps goes in the next one
 MAX_FDS = 64  # lock sockets one agent may hand over (a GPU each)
@@ -97,8 +101,22 @@ def signal_all(root: int, signum: int) -> int:
     return sent
 
 
+def release_limit(agent_argv: list[str]) -> float:
+    """Seconds the release gives the box's processes to save: the "limit" of the file the
+    agent's --release-file names, written before the SIGTERM; 0 without one."""
+    try:
+        path = agent_argv[agent_argv.index("--release-file") + 1]
+        with open(path, "rb") as f:
+            limit = float(json.loads(f.read(4096))["limit"])
+    except (ValueError, IndexError, KeyError, TypeError, OSError):
+        return 0.0
+    return min(limit, MAX_SAVE) if limit > 0 else 0.0  # nan: 0
+
+
 class Keeper:
-    def __init__(self, channel: socket.socket, wake: int) -> None:
+    def __init__(
+        self, channel: socket.socket, wake: int, agent_argv: list[str] | None = None
+    ) -> None:
         self.agent: int | None = None
         self.agent_status = 0
         self.channel: socket.socket | None = channel
@@ -107,6 +125,7 @@ class Keeper:
         self.ending = False
         self._phase = ""
         self._deadline = 0.0
+        self._agent_argv = agent_argv or []
 
     def run(self) -> int:
         while True:
@@ -171,7 +190,8 @@ class Keeper:
         """One step of ending the box; the seconds until the next."""
         now = time.monotonic()
         if not self._phase:
-            self._phase, self._deadline = "agent", now + AGENT_GRACE
+            grace = AGENT_GRACE + release_limit(self._agent_argv)
+            self._phase, self._deadline = "agent", now + grace
             if self.agent is not None:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(self.agent, signal.SIGTERM)
@@ -220,7 +240,7 @@ def main(argv: list[str]) -> int:
     ours.setblocking(False)
     wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
     signal.set_wakeup_fd(wake_w)
-    keeper = Keeper(ours, wake_r)
+    keeper = Keeper(ours, wake_r, agent_argv)
 
     def end(_signum: int, _frame: object) -> None:
         keeper.ending = True

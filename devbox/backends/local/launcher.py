@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from devbox import gpulocks, private, protocol
+from devbox import hang as hang_rule
 from devbox.backends.local import keeper, store
 from devbox.errors import DevboxError, ResourceError, UsageError
 
@@ -50,7 +51,14 @@ def _read_frame(fd: int, timeout: float) -> bytes:
 
 
 def start_agent(
-    *, name: str, folder: Path, gpus: int, port: int, multiplexer: str, timeout: float
+    *,
+    name: str,
+    folder: Path,
+    gpus: int,
+    port: int,
+    multiplexer: str,
+    timeout: float,
+    hang: hang_rule.Rule,
 ) -> Ready:
     home, log_file = folder / store.HOME, folder / store.AGENT_LOG
     private.ensure_dir(home)  # other users of the machine must not read the box's files
@@ -80,11 +88,20 @@ def start_agent(
         str(folder / store.ACTIVITY_FILE),
         "--alerts-file",
         str(folder / store.ALERTS_FILE),
+        "--release-file",
+        str(folder / store.RELEASE_FILE),
+        "--saved-file",
+        str(folder / store.SAVED_FILE),
+        *hang.agent_args(),
         "--multiplexer",
         multiplexer,
         "--ready-fd",
         str(write_fd),
     ]
+    # A release of an earlier box of this name asked and answered; this one has not yet.
+    for stale in (store.RELEASE_FILE, store.SAVED_FILE):
+        with contextlib.suppress(FileNotFoundError):
+            (folder / stale).unlink()
     proc: subprocess.Popen[bytes] | None = None
     try:
         with _interrupts_held(), os.fdopen(private.open_append(log_file), "ab") as log:

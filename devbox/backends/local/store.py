@@ -20,7 +20,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from devbox import private, protocol
+from devbox import private, protocol, saves
 from devbox.boxes import Box
 from devbox.errors import StateError
 from devbox.locks import lock_held
@@ -34,6 +34,11 @@ KEEPER_LOCK = "keeper.lock"
 AGENT_LOG = "agent.log"
 ACTIVITY_FILE = "activity.json"  # written by the agent (--activity-file)
 ALERTS_FILE = "alerts.json"  # written by the agent's probe hub (--alerts-file)
+# Written by the backend just before it ends the box: how long its probed processes may
+# take to save (devbox.saves; the agent's --release-file, which the keeper reads too) ...
+RELEASE_FILE = "release.json"
+# ... and what they saved, written by the agent as it ends (--saved-file).
+SAVED_FILE = "saved.json"
 AUTHORIZED_KEY = "authorized_key"  # the owner's key, read by the agent (--authorized-key)
 HOST_KEY = "host_key"  # the agent's, made by it at its first start (--host-key)
 HOME = "home"
@@ -45,6 +50,8 @@ BOX_FILES = (
     AGENT_LOG,
     ACTIVITY_FILE,
     ALERTS_FILE,
+    RELEASE_FILE,
+    SAVED_FILE,
     AUTHORIZED_KEY,
     HOST_KEY,
 )
@@ -165,18 +172,28 @@ class BoxStore:
                 "last_forward": float(data.get("last_forward") or 0.0),
                 "last_sftp": float(data.get("last_sftp") or 0.0),
                 "last_exec": float(data.get("last_exec") or 0.0),
+                "stalled_since": float(data.get("stalled_since") or 0.0),
+                "hung_since": float(data.get("hung_since") or 0.0),
             }
         except (OSError, ValueError, KeyError, TypeError):
             return None, 0.0
         return activity, written
 
-    def activity(self, name: str) -> tuple[float, int]:
-        """(when a person last used the box, attached clients); (0, 0) when the agent has
-        not reported yet."""
+    def activity(self, name: str) -> tuple[float, int, float]:
+        """(when a person last used the box, attached clients, since when it is hung);
+        zeros when the agent has not reported yet."""
         activity, _ = self.activity_report(name)
         if activity is None:
-            return 0.0, 0
-        return last_use(activity), activity["clients"]
+            return 0.0, 0, 0.0
+        return last_use(activity), activity["clients"], activity.get("hung_since", 0.0)
+
+    def saved(self, name: str) -> list[protocol.SaveResult]:
+        """What the box's probed processes saved as it was released (its agent's file);
+        [] when nothing was asked, answered or written."""
+        try:
+            return saves.decode((self.box_dir(name) / SAVED_FILE).read_text())
+        except (OSError, UnicodeDecodeError):
+            return []
 
     def alerts(self, name: str) -> list[ProbeAlert]:
         """The probe's alerts in the box, first raised first; [] when none or unreadable."""
