@@ -328,7 +328,9 @@ def hung_act(hung_since: float = HUNG_AT, **kw: object) -> Activity:
         "hung_since": hung_since,
     }
     base.update(kw)
-    return act(**base)
+    a: dict[str, object] = dict(act())
+    a.update(base)
+    return a  # type: ignore[return-value]
 
 
 def run_passes(b: Box, a: Activity, start: float, end: float, s: Settings = H) -> policy.Decision:
