@@ -479,3 +479,38 @@ def test_hung_releases_share_the_cap_per_pass() -> None:
     released = [a.box for a in d.actions if isinstance(a, policy.Release)]
     assert released == ["h3", "h2"]
     assert sorted(v.box for v in d.verdicts if v.status == "deferred") == ["h0", "h1"]
+
+
+def test_metrics_count_hung_boxes_and_their_gpu_hours_apart_from_idle_ones() -> None:
+    hung = box("h", spec=BoxSpec(gpus=4))
+    warned = box("w", spec=BoxSpec(gpus=2), release_at=HUNG_AT + 9000, release_reason="hung")
+    idle = box("i", spec=BoxSpec(gpus=1))
+    clock = [HUNG_AT + 100.0]
+
+    def world_at(now: float) -> list[policy.BoxFacts]:
+        return [
+            facts(hung, hung_act(), now),
+            facts(warned, hung_act(), now),
+            facts(idle, act(), now),
+        ]
+
+    world = FakeWorld(world_at(clock[0]))
+    scaler = Autoscaler(world, H, clock=lambda: clock[0])
+    scaler.reconcile()
+    clock[0] += 1800  # half an hour later
+    world.facts = world_at(clock[0])
+    result = scaler.reconcile()
+    statuses = {v.box: v.status for v in result.decision.verdicts}
+    assert statuses == {"h": "warned", "w": "warned", "i": "warned"}
+    text = scaler.metrics.render()
+    assert "devbox_hung_gpus 6" in text
+    assert "devbox_hung_gpu_hours_total 3" in text  # 6 GPUs for half an hour
+    assert "devbox_idle_gpu_hours_total 0.5" in text  # the idle box's one GPU only
+    assert 'devbox_boxes{status="hung"} 0' in text
+    # Before the warning, a hung box is counted by its own status.
+    clock[0] = HUNG_AT + 100.0
+    world.facts = [facts(hung, hung_act(), clock[0])]
+    fresh = Autoscaler(world, H, clock=lambda: clock[0])
+    fresh.reconcile()
+    assert 'devbox_boxes{status="hung"} 1' in fresh.metrics.render()
+    assert "devbox_hung_gpus 4" in fresh.metrics.render()
