@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 
 from devbox.autoscaler import policy
 from devbox.autoscaler.config import SIGNALS, PoolTarget, Settings
 from devbox.autoscaler.loop import Autoscaler
 from devbox.autoscaler.state import State, loads
 from devbox.autoscaler.world import Snapshot
-from devbox.boxes import Box, BoxSpec, BoxState
+from devbox.boxes import Box, BoxSpec, BoxState, release_warning
 from devbox.protocol import Activity
 from devbox.views.explain import render
 
@@ -514,3 +515,15 @@ def test_metrics_count_hung_boxes_and_their_gpu_hours_apart_from_idle_ones() -> 
     fresh.reconcile()
     assert 'devbox_boxes{status="hung"} 1' in fresh.metrics.render()
     assert "devbox_hung_gpus 4" in fresh.metrics.render()
+
+
+def test_a_hung_warning_reads_well_where_users_see_it() -> None:
+    at = time.mktime((2026, 12, 3, 14, 30, 0, 0, 0, -1))
+    text = release_warning("b", "hung", at)
+    assert text == (
+        "devbox: box b looks hung (its GPUs busy at low power, no training step, no input); "
+        "it will be released at 14:30:00 unless used (`devbox keep b` holds it)"
+    )
+    assert release_warning("b", "idle", at).startswith("devbox: box b has been idle; it will")
+    note = box(release_at=at, release_reason="hung").autoscaler_note(at - 600)
+    assert note == "looks hung: released in 10m unless used (or `devbox keep b`)"
