@@ -527,3 +527,30 @@ def test_a_hung_warning_reads_well_where_users_see_it() -> None:
     assert release_warning("b", "idle", at).startswith("devbox: box b has been idle; it will")
     note = box(release_at=at, release_reason="hung").autoscaler_note(at - 600)
     assert note == "looks hung: released in 10m unless used (or `devbox keep b`)"
+
+
+def test_explain_says_since_when_a_box_is_hung_and_stalled() -> None:
+    now = HUNG_AT + 1500
+    b = box()
+    a = hung_act()
+    (v,) = decide([facts(b, a, now)], now, s=H).verdicts
+    text = render(v, facts(b, a, now), State(), now=now)
+    first, *rest = text.splitlines()
+    assert first.startswith("box b (ann): hung: hung for 25m: GPUs busy at low power")
+    assert "released in 5m (hung_grace 30m)" in first
+    clock = time.strftime("%a %H:%M", time.localtime(HUNG_AT))
+    stalled_clock = time.strftime("%a %H:%M", time.localtime(HUNG_AT - 600))
+    assert (
+        f"  hung for 25m (since {clock}), stalled for 35m (since {stalled_clock}): "
+        "GPUs busy at low power, no probe step, no input"
+    ) in rest
+    gpu = next(line for line in rest if line.split()[0] == "gpu")
+    assert "active now" in gpu and gpu.endswith("GPU 100% (threshold 5%); not use: the box is hung")
+    # Stalled, not hung: said so; neither: no line.
+    a = hung_act(hung_since=0.0)
+    (v,) = decide([facts(b, a, now)], now, s=H).verdicts
+    text = render(v, facts(b, a, now), State(), now=now)
+    assert f"  stalled for 35m (since {stalled_clock}): GPUs busy at low power; not hung" in text
+    a = act(gpu_util=100.0)
+    (v,) = decide([facts(b, a, now)], now, s=H).verdicts
+    assert "stalled" not in render(v, facts(b, a, now), State(), now=now)
