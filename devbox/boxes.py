@@ -119,7 +119,7 @@ class Box:
     # Wall-clock time until which `devbox keep` holds the box against idle release; 0: not kept.
     keep_until: float = 0.0
     # The autoscaler's recorded decisions: when it will release the box unless it is used
-    # (0: no warning), why ("idle" or "lifetime"), and since when its agent has been
+    # (0: no warning), why ("idle", "lifetime" or "hung"), and since when its agent has been
     # silent (0: healthy).
     release_at: float = 0.0
     release_reason: str = ""
@@ -143,7 +143,7 @@ class Box:
         parts = []
         if self.release_at:
             left = max(0.0, self.release_at - now)
-            why = "idle" if self.release_reason == "idle" else "at its maximum lifetime"
+            why = _NOTE_WHY.get(self.release_reason, "at its maximum lifetime")
             parts.append(
                 f"{why}: released in {age(left)} unless used (or `devbox keep {self.name}`)"
             )
@@ -328,14 +328,28 @@ def session_warning(box: Box, *, preference: str) -> str:
     )
 
 
+# The autoscaler's release reasons (devbox.autoscaler.policy's Warn) in words: `devbox ls`
+# and the TUI's note, and the warning in the box's terminals.
+_NOTE_WHY = {"idle": "idle", "hung": "looks hung", "lifetime": "at its maximum lifetime"}
+_WARNING_WHY = {
+    "idle": "has been idle",
+    "hung": "looks hung (its GPUs busy at low power, no training step, no input)",
+    "lifetime": "reached its maximum lifetime",
+}
+
+
 def release_warning(box: str, reason: str, release_at: float, *, keep_inside: bool = False) -> str:
     """The autoscaler's warning, as the box's terminals show it. `keep_inside`: a bare
     `devbox keep` in the box holds it (a local box; a pod's agent may not keep its pod)."""
     clock = time.strftime("%H:%M:%S", time.localtime(release_at))
-    why = "has been idle" if reason == "idle" else "reached its maximum lifetime"
+    why = _WARNING_WHY.get(reason, _WARNING_WHY["lifetime"])
     how = f"`devbox keep {box}`"
     if keep_inside:
         how = f"`devbox keep` here or {how}"
+    if reason == "hung":  # input or a training step ends the hang: it is use
+        return (
+            f"devbox: box {box} {why}; it will be released at {clock} unless used ({how} holds it)"
+        )
     return f"devbox: box {box} {why}; it will be released at {clock} ({how} holds it)"
 
 

@@ -30,6 +30,11 @@ MAX_INTERVAL = 3600.0
 # Percent of one core: a generous bound (1024 cores), finite so a comparison means something.
 MAX_CPU_THRESHOLD = 102400.0
 MAX_POOL_SIZE = 1000
+# What the autoscaler does with a box its agent reports hung (devbox.hang): warn, then
+# release it `hung_grace` after the hang began; or only report it (status "hung").
+HUNG = ("release", "report")
+# A release waits at most this long for the box's probed processes to save.
+MAX_SAVE_TIMEOUT = 3600.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,6 +72,13 @@ class Settings:
     metrics_port: int = 0  # Prometheus text exposition; 0: off
     metrics_address: str = "127.0.0.1"
     pools: tuple[PoolTarget, ...] = ()
+    # A box its agent reports hung (busy GPUs at low power, no probe step, no input for
+    # the hang rule's `after`): "release" warns and releases it `hung_grace` after the hang
+    # began, whatever its GPU, CPU, runs and clients say; "report" only shows it.
+    hung: str = "release"
+    hung_grace: float = 7200.0
+    # How long a release waits for the box's probed processes to save (0: it does not wait).
+    save_timeout: float = 120.0
 
 
 _DURATIONS = (
@@ -77,6 +89,8 @@ _DURATIONS = (
     "unhealthy_after",
     "unhealthy_release_after",
     "interval",
+    "hung_grace",
+    "save_timeout",
 )
 
 
@@ -151,6 +165,10 @@ def _settings(data: dict[str, Any]) -> Settings:
         if not isinstance(signals, list) or not signals or not all(s in SIGNALS for s in signals):
             raise UsageError(f"signals must be a non-empty list of {', '.join(SIGNALS)}")
         values["signals"] = tuple(dict.fromkeys(signals))
+    if "hung" in data:
+        if data["hung"] not in HUNG:
+            raise UsageError(f'hung must be "release" or "report", not {data["hung"]!r}')
+        values["hung"] = data["hung"]
     if "pool" in data:
         values["pools"] = _pools(data["pool"])
     settings = Settings(**values)
@@ -163,7 +181,7 @@ def _check(s: Settings) -> None:
         value = getattr(s, key)
         if not math.isfinite(value) or value < 0:
             raise UsageError(f"{key} must be a duration of at least 0 (got {value:g})")
-        if value == 0 and key not in ("grace", "max_lifetime"):
+        if value == 0 and key not in ("grace", "max_lifetime", "save_timeout"):
             raise UsageError(f"{key} must be above 0 (got {value:g})")
         if value > MAX_DURATION:
             raise UsageError(f"{key} must be at most 366d (got {value:g}s)")
@@ -178,6 +196,12 @@ def _check(s: Settings) -> None:
         )
     if s.max_lifetime and s.max_lifetime <= s.warning:
         raise UsageError(f"max_lifetime must be 0 (none) or longer than warning ({s.warning:g}s)")
+    if s.hung_grace <= s.warning:
+        raise UsageError(
+            f"hung_grace ({s.hung_grace:g}s) must be longer than warning ({s.warning:g}s)"
+        )
+    if s.save_timeout > MAX_SAVE_TIMEOUT:
+        raise UsageError(f"save_timeout must be at most 1h (got {s.save_timeout:g}s)")
     if s.unhealthy_release_after <= s.unhealthy_after:
         raise UsageError("unhealthy_release_after must be longer than unhealthy_after")
     if s.max_releases_per_pass < 1:

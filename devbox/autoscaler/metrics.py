@@ -16,7 +16,23 @@ if TYPE_CHECKING:
 LATENCY_BUCKETS = (0.25, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0, 60.0, 120.0)
 # Statuses whose GPUs count as wasted: nobody has used the box for policy.IDLE_AFTER.
 _IDLE = ("idle", "warned", "releasing", "deferred")
-_STATUSES = ("busy", "idle", "warned", "kept", "new", "unhealthy", "releasing", "deferred")
+_STATUSES = (
+    "busy",
+    "idle",
+    "hung",
+    "warned",
+    "kept",
+    "new",
+    "unhealthy",
+    "releasing",
+    "deferred",
+)
+# A hung box's GPU-hours are their own series, never also idle GPU-hours: a hung box is
+# not one nobody uses (a job holds its GPUs and looks busy to every state signal), it is
+# one whose job is stuck, and the cure differs (the user's code, NCCL, hung_grace; for
+# idle hours: idle_timeout, keep habits). Kept apart, each series says what it says and
+# their sum is still the GPUs wasted. A GPU-hour goes to one of them at most: a hung box
+# warned for idleness counts as hung.
 
 
 def _labels(**labels: str | int) -> str:
@@ -34,6 +50,8 @@ class Metrics:
         self._lock = threading.Lock()
         self.boxes: dict[str, int] = dict.fromkeys(_STATUSES, 0)
         self.idle_gpu_hours = 0.0
+        self.hung_gpus = 0
+        self.hung_gpu_hours = 0.0
         self.releases: dict[str, int] = {}
         self.warnings = 0
         self.warm: dict[tuple[str, int], int] = {}
@@ -58,11 +76,18 @@ class Metrics:
     ) -> None:
         with self._lock:
             counts = dict.fromkeys(_STATUSES, 0)
+            hung_gpus = 0
             for v in decision.verdicts:
                 counts[v.status] = counts.get(v.status, 0) + 1
-                if v.status in _IDLE:
+                # Hung as the (healthy) agent reports it, whatever the verdict: kept,
+                # warned and reported-only hung boxes hold stuck GPUs too.
+                if v.hung_since:
+                    hung_gpus += v.gpus
+                    self.hung_gpu_hours += v.gpus * since_last / 3600
+                elif v.status in _IDLE:
                     self.idle_gpu_hours += v.gpus * since_last / 3600
             self.boxes = counts
+            self.hung_gpus = hung_gpus
             for action in applied:
                 if isinstance(action, policy.Release):
                     self.releases[action.reason] = self.releases.get(action.reason, 0) + 1
@@ -108,6 +133,18 @@ class Metrics:
                 "counter",
                 f"GPU-hours held by boxes idle for over {policy.IDLE_AFTER:g}s.",
                 [("", self.idle_gpu_hours)],
+            )
+            series(
+                "devbox_hung_gpus",
+                "gauge",
+                "GPUs of boxes their agents report hung (devbox.hang), at the last pass.",
+                [("", self.hung_gpus)],
+            )
+            series(
+                "devbox_hung_gpu_hours_total",
+                "counter",
+                "GPU-hours held by boxes their agents report hung (not in the idle series).",
+                [("", self.hung_gpu_hours)],
             )
             series(
                 "devbox_releases_total",

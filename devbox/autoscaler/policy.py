@@ -6,11 +6,18 @@ utilisation or the box's CPU above a threshold, probe batches from a training lo
 `devbox run` experiments. Two of them are times the agent reports (last input, last probe
 batch); the others are states ("3 clients now"), so the loop remembers when each was last
 seen active (`Memory`, which it persists: a restart forgets nothing).
+
+A box its agent reports hung (devbox.hang: busy GPUs at low power, no probe step, no input)
+looks busy to those state signals for as long as the hang lasts. With `hung = "release"` they
+stop counting for it: the box is warned and released `hung_grace` after the hang began (or
+after a person last used it, if later), unless the usual idle rule releases it first. With
+`hung = "report"` it is only shown as hung.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import cast
 
@@ -35,6 +42,11 @@ _TRAFFIC = {
     "stdin": ("last_exec", "input to commands"),
 }
 _FLOOR = f"at least {TRAFFIC_FLOOR // 1024} KiB in {TRAFFIC_WINDOW:g} s"
+# A person's use and a training step are real even on a hung box (the agent ends the hang
+# on either); the state signals are what a hung job keeps "active".
+_PERSON_SIGNALS = ("input", "forwards", "sftp", "stdin", "probe")
+_NOT_USE = "not use: the box is hung"
+_HANG = "GPUs busy at low power, no probe step, no input (devbox.hang)"
 
 Memory = dict[str, dict[str, float]]  # box key -> signal -> when last seen active
 
@@ -65,11 +77,15 @@ class Verdict:
     key: str
     box: str
     owner: str
-    status: str  # busy, idle, warned, kept, new, unhealthy, releasing, deferred, not-running
+    # busy, idle, hung, warned, kept, new, unhealthy, releasing, deferred, not-running
+    status: str
     why: str
     signals: tuple[Signal, ...] = ()
     idle_since: float = 0.0
     gpus: int = 0
+    # devbox.hang's times as the box's (healthy) agent reports them; 0: not now.
+    stalled_since: float = 0.0
+    hung_since: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,7 +94,7 @@ class Warn:
     box: str
     owner: str
     release_at: float
-    reason: str  # "idle" or "lifetime"
+    reason: str  # "idle", "lifetime" or "hung"
     why: str
 
 
@@ -95,7 +111,7 @@ class Release:
     key: str
     box: str
     owner: str
-    reason: str  # "idle", "lifetime" or "unhealthy"
+    reason: str  # "idle", "lifetime", "hung" or "unhealthy"
     why: str
 
 
@@ -158,8 +174,21 @@ def _active_now(name: str, a: Activity, s: Settings) -> bool:
     return False
 
 
+def hang_times(a: Activity | None) -> tuple[float, float]:
+    """(stalled since, hung since) as the agent reports them; 0 for not now, and for a
+    value no clock could have written (a bad annotation: nan, inf, negative)."""
+
+    def one(key: str) -> float:
+        value = float(cast(Mapping[str, float], a).get(key) or 0.0) if a else 0.0
+        return value if math.isfinite(value) and value > 0 else 0.0
+
+    return one("stalled_since"), one("hung_since")
+
+
 def signals(f: BoxFacts, memory: Memory, settings: Settings) -> tuple[Signal, ...]:
     a, seen = f.activity, memory.get(f.key, {})
+    # With hung = "release", what a hung job keeps active says so (it does not keep the box).
+    hung = settings.hung == "release" and hang_times(a)[1] > 0
     out = []
     for name in settings.signals:
         if name == "input":
@@ -174,7 +203,10 @@ def signals(f: BoxFacts, memory: Memory, settings: Settings) -> tuple[Signal, ..
             out.append(Signal(name, last, False, "probe batches"))
         else:
             now = a is not None and _active_now(name, a, settings)
-            out.append(Signal(name, seen.get(name, 0.0), now, _detail(name, a, settings)))
+            detail = _detail(name, a, settings)
+            if hung and now:
+                detail = f"{detail}; {_NOT_USE}"
+            out.append(Signal(name, seen.get(name, 0.0), now, detail))
     return tuple(out)
 
 
@@ -255,6 +287,7 @@ def _one(
 ) -> tuple[Verdict, list[Action], tuple[float, Release] | None]:
     box = f.box
     sigs = signals(f, memory, s)
+    stalled_since = hung_since = 0.0  # set once the agent is known to be heartbeating
 
     def verdict(status: str, why: str, idle_since: float = 0.0) -> Verdict:
         return Verdict(
@@ -266,6 +299,8 @@ def _one(
             signals=sigs,
             idle_since=idle_since,
             gpus=box.spec.gpus,
+            stalled_since=stalled_since,
+            hung_since=hung_since,
         )
 
     ids = (f.key, box.name, box.owner)
@@ -292,6 +327,7 @@ def _one(
         return verdict("unhealthy", f"{why}; released in {_span(left)}"), actions, None
     if box.unhealthy_since:
         actions.append(MarkHealthy(*ids, why="agent heartbeats again"))
+    stalled_since, hung_since = hang_times(f.activity)
 
     if kept:
         if box.release_at:
@@ -315,22 +351,53 @@ def _one(
     elif now >= idle_since + s.idle_timeout - s.warning:
         want = ("idle", idle_since + s.idle_timeout)
 
+    # A hung box: only a person's use (or a probe step) since the hang began counts. The
+    # idle rule above stands as it is; whichever release comes first wins.
+    hung_from, hung_text, used = hung_since, "", ""
+    if hung_since:
+        person = [sig for sig in sigs if sig.name in _PERSON_SIGNALS]
+        latest = max(person, key=lambda sig: sig.last_active, default=None)
+        hung_text = f"hung for {_span(now - hung_since)}: {_HANG}"
+        if latest is not None and latest.last_active > hung_since:
+            hung_from, used = latest.last_active, f"{latest.name} recently"
+            hung_text += f"; {latest.name} {_span(now - hung_from)} ago"
+    hung_end = hung_from + s.hung_grace
+    if (
+        hung_since
+        and s.hung == "release"
+        and now >= hung_end - s.warning
+        and (want is None or hung_end < want[1])
+    ):
+        want = ("hung", hung_end)
+
     if want is None:
         busy = ", ".join(sig.detail for sig in active) or _latest(sigs)
+        if hung_since and s.hung == "release":
+            if box.release_at:
+                actions.append(Unwarn(*ids, why=f"in use again: {used or busy}"))
+            until, grace = _span(hung_end - now), _span(s.hung_grace)
+            why = f"{hung_text}; released in {until} (hung_grace {grace})"
+            return verdict("hung", why, idle_since), actions, None
         if box.release_at:
             actions.append(Unwarn(*ids, why=f"in use again: {busy}"))
         if quiet >= IDLE_AFTER:
             left = idle_since + s.idle_timeout - now
             why = f"every signal quiet for {_span(quiet)}; warned in {_span(left - s.warning)}"
-            return verdict("idle", why, idle_since), actions, None
-        return verdict("busy", f"in use: {busy}", idle_since), actions, None
+            status = "idle"
+        else:
+            why, status = f"in use: {busy}", "busy"
+        if hung_since:  # hung = "report": the usual rules, the hang shown
+            why = f'{hung_text}; only reported (hung = "report"), so as usual: {why}'
+            status = "hung"
+        return verdict(status, why, idle_since), actions, None
 
     reason, deadline = want
-    why = (
-        f"claimed {_span(age)} ago (max_lifetime {_span(s.max_lifetime)})"
-        if reason == "lifetime"
-        else f"every signal quiet for {_span(quiet)} (idle_timeout {_span(s.idle_timeout)})"
-    )
+    if reason == "lifetime":
+        why = f"claimed {_span(age)} ago (max_lifetime {_span(s.max_lifetime)})"
+    elif reason == "hung":
+        why = f"{hung_text}; hung_grace {_span(s.hung_grace)}"
+    else:
+        why = f"every signal quiet for {_span(quiet)} (idle_timeout {_span(s.idle_timeout)})"
     if not box.release_at or box.release_reason != reason:
         # The user always gets the full warning, even when the autoscaler was away.
         release_at = max(deadline, now + s.warning)

@@ -63,13 +63,16 @@ def run(args: argparse.Namespace) -> int:
             scalers.append((cluster, world, Autoscaler(world, settings, metrics=metrics)))
             log.info(
                 "autoscaler for the %s backend%s: idle_timeout %gs, warning %gs, grace %gs, "
-                "signals %s",
+                "signals %s, hung %s (hung_grace %gs), save_timeout %gs",
                 backend.name,
                 f", cluster {cluster}" if cluster else "",
                 settings.idle_timeout,
                 settings.warning,
                 settings.grace,
                 ",".join(settings.signals),
+                settings.hung,
+                settings.hung_grace,
+                settings.save_timeout,
             )
         if args.once:
             return _once(scalers)

@@ -20,6 +20,9 @@ def render(verdict: policy.Verdict, facts: policy.BoxFacts, state: State, *, now
         else:
             when = "never active"
         out.append(f"  {sig.name:<8} {when:<24} {sig.detail}")
+    hang = _hang(verdict, now)
+    if hang:
+        out.append(f"  {hang}")
     beat = f"{age(now - facts.heartbeat_at)} ago" if facts.heartbeat_at else "never"
     kept = (
         f"until {time.strftime('%a %H:%M', time.localtime(box.keep_until))}"
@@ -31,3 +34,23 @@ def render(verdict: policy.Verdict, facts: policy.BoxFacts, state: State, *, now
     if note:
         out.append(f"  {note}")
     return "\n".join(out) + "\n"
+
+
+def _hang(verdict: policy.Verdict, now: float) -> str:
+    """devbox.hang's times as the agent reported them, in human units; "" when neither."""
+
+    def since(t: float) -> str:
+        return f"{age(now - t)} (since {time.strftime('%a %H:%M', time.localtime(t))})"
+
+    stalled, hung = verdict.stalled_since, verdict.hung_since
+    if hung:
+        parts = [f"hung for {since(hung)}"]
+        if stalled:
+            parts.append(f"stalled for {since(stalled)}")
+        return ", ".join(parts) + ": GPUs busy at low power, no probe step, no input"
+    if stalled:
+        return (
+            f"stalled for {since(stalled)}: GPUs busy at low power; not hung unless it "
+            "lasts with no probe step and no input"
+        )
+    return ""

@@ -21,6 +21,19 @@ def test_defaults_and_values() -> None:
     assert s.pools == (PoolTarget(profile="a100", gpus=1, size=2),)
 
 
+def test_hang_and_save_settings() -> None:
+    d = Settings()
+    assert (d.hung, d.hung_grace, d.save_timeout) == ("release", 7200, 120)
+    s = parse('hung = "report"\nhung_grace = "30m"\nsave_timeout = 0\n', source="x")
+    assert (s.hung, s.hung_grace, s.save_timeout) == ("report", 1800, 0)
+    assert parse('save_timeout = "1h"', source="x").save_timeout == 3600
+    # Per cluster, as every other key.
+    text = 'hung_grace = "3h"\n[clusters.a]\nhung = "report"\nsave_timeout = "5m"\n'
+    a = parse(text, source="x", cluster="a")
+    assert (a.hung, a.hung_grace, a.save_timeout) == ("report", 10800, 300)
+    assert parse(text, source="x").hung == "release"
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
@@ -43,6 +56,17 @@ def test_defaults_and_values() -> None:
         ("[[pool]]\nsize = 1\n[[pool]]\nsize = 2", "is listed twice"),
         ("pool = 3", "pool must be a list of tables"),
         ("idle_timeout = ", "is not valid TOML"),
+        ('hung = "kill"', 'hung must be "release" or "report", not \'kill\''),
+        ("hung = true", 'hung must be "release" or "report"'),
+        ('hung_grace = "5m"', "hung_grace (300s) must be longer than warning (600s)"),
+        ('hung_grace = "10m"', "hung_grace (600s) must be longer than warning"),
+        ("hung_grace = 0", "hung_grace must be above 0"),
+        ('hung_grace = "400d"', "hung_grace must be at most 366d"),
+        ('hung_grace = "soon"', "hung_grace must be a duration"),
+        ('save_timeout = "2h"', "save_timeout must be at most 1h (got 7200s)"),
+        ('save_timeout = "-1s"', "save_timeout must be a duration of at least 0"),
+        ("save_timeout = nan", "save_timeout must be a finite duration"),
+        ('[clusters.a]\nhung = "off"', '[clusters.a]: hung must be "release" or "report"'),
     ],
 )
 def test_bad_values_are_one_clear_line(text: str, message: str) -> None:

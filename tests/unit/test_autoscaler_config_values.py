@@ -29,6 +29,8 @@ DURATIONS = (
     "unhealthy_after",
     "unhealthy_release_after",
     "interval",
+    "hung_grace",
+    "save_timeout",
 )
 THRESHOLDS = ("gpu_util_threshold", "cpu_threshold")
 # As TOML values: nan, inf and -inf are TOML floats; 1e309 is one TOML reads as inf.

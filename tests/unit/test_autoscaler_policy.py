@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 
 from devbox.autoscaler import policy
 from devbox.autoscaler.config import SIGNALS, PoolTarget, Settings
 from devbox.autoscaler.loop import Autoscaler
 from devbox.autoscaler.state import State, loads
 from devbox.autoscaler.world import Snapshot
-from devbox.boxes import Box, BoxSpec, BoxState
+from devbox.boxes import Box, BoxSpec, BoxState, release_warning
 from devbox.protocol import Activity
 from devbox.views.explain import render
 
@@ -311,3 +312,245 @@ def test_metrics_exposition() -> None:
     assert "devbox_claim_latency_seconds_count 0" in text
     for line in text.splitlines():
         assert line.startswith("#") or len(line.split()) == 2, line
+
+
+# --- a hung box (devbox.hang): busy GPUs at low power, no probe step, no input ---------
+
+HUNG_AT = T0 + 1000.0  # the agent's verdict: hung since then
+H = dataclasses.replace(S, hung_grace=1800)  # warned at HUNG_AT + 1740, released at + 1800
+
+
+def hung_act(hung_since: float = HUNG_AT, **kw: object) -> Activity:
+    base: dict[str, object] = {
+        "gpu_util": 100.0,
+        "cpu": 100.0,
+        "runs": 1,
+        "stalled_since": HUNG_AT - 600,
+        "hung_since": hung_since,
+    }
+    base.update(kw)
+    a: dict[str, object] = dict(act())
+    a.update(base)
+    return a  # type: ignore[return-value]
+
+
+def run_passes(b: Box, a: Activity, start: float, end: float, s: Settings = H) -> policy.Decision:
+    """Passes every 10 s with the same report, from `start` to `end`, as the loop makes them."""
+    memory: policy.Memory = {}
+    d = policy.Decision((), ())
+    for now in range(int(start), int(end) + 1, 10):
+        fs = [facts(b, a, float(now))]
+        memory = policy.observe(memory, fs, s)
+        d = policy.decide(fs, memory=memory, now=float(now), settings=s)
+        if d.actions:
+            return d
+    return d
+
+
+def test_a_hung_box_is_warned_with_the_full_warning_then_released() -> None:
+    b = box()
+    # 100% GPU, CPU and a run going: none of it keeps the box; nothing happens until the
+    # warning is due (hung_grace - warning after the hang began).
+    d = run_passes(b, hung_act(), HUNG_AT, HUNG_AT + 1730)
+    assert d.actions == ()
+    (v,) = d.verdicts
+    assert v.status == "hung" and v.hung_since == HUNG_AT and v.stalled_since == HUNG_AT - 600
+    assert v.why == (
+        "hung for 28m: GPUs busy at low power, no probe step, no input (devbox.hang); "
+        "released in 1m (hung_grace 30m)"
+    )
+    (gpu,) = [sig for sig in v.signals if sig.name == "gpu"]
+    assert gpu.detail == "GPU 100% (threshold 5%); not use: the box is hung"
+    d = decide([facts(b, hung_act(), HUNG_AT + 1740)], HUNG_AT + 1740, s=H)
+    (warn,) = d.actions
+    assert isinstance(warn, policy.Warn) and warn.reason == "hung"
+    assert warn.release_at == HUNG_AT + 1800 and d.verdicts[0].status == "warned"
+    assert warn.why.startswith("hung for 29m: GPUs busy at low power")
+    warned = box(release_at=warn.release_at, release_reason="hung")
+    assert decide([facts(warned, hung_act(), HUNG_AT + 1799)], HUNG_AT + 1799, s=H).actions == ()
+    d = decide([facts(warned, hung_act(), HUNG_AT + 1800)], HUNG_AT + 1800, s=H)
+    (release,) = d.actions
+    assert isinstance(release, policy.Release) and release.reason == "hung"
+    assert d.verdicts[0].status == "releasing"
+
+
+def test_a_late_hung_warning_still_gives_the_full_warning() -> None:
+    # The autoscaler was away for the whole hung_grace: warned now, released a warning later.
+    now = HUNG_AT + 9000
+    (warn,) = decide([facts(box(), hung_act(), now)], now, s=H).actions
+    assert isinstance(warn, policy.Warn) and warn.reason == "hung"
+    assert warn.release_at == now + H.warning
+
+
+def test_input_on_a_hung_box_withdraws_the_hung_warning() -> None:
+    warned = box(release_at=HUNG_AT + 1800, release_reason="hung")
+    now = HUNG_AT + 1760
+    # The agent ends the hang on input: hung_since goes back to 0, the GPU is busy again.
+    d = decide([facts(warned, act(last_input=now - 5, gpu_util=100.0), now)], now, s=H)
+    (unwarn,) = d.actions
+    assert isinstance(unwarn, policy.Unwarn) and d.verdicts[0].status == "busy"
+    # Use the agent has not folded into its verdict yet counts too: the hung_grace
+    # starts again from it.
+    d = decide([facts(warned, hung_act(last_forward=now - 5), now)], now, s=H)
+    (unwarn,) = d.actions
+    assert isinstance(unwarn, policy.Unwarn) and unwarn.why == "in use again: forwards recently"
+    assert d.verdicts[0].status == "hung" and "forwards 5s ago" in d.verdicts[0].why
+    # ... and a probe step.
+    d = decide([facts(warned, hung_act(last_probe=now - 5), now)], now, s=H)
+    assert kinds(d) == ["Unwarn"] and d.verdicts[0].status == "hung"
+
+
+def test_a_kept_hung_box_is_not_warned() -> None:
+    kept = box(keep_until=HUNG_AT + 5000)
+    now = HUNG_AT + 3000
+    d = decide([facts(kept, hung_act(), now)], now, s=H)
+    assert d.actions == () and d.verdicts[0].status == "kept"
+    assert d.verdicts[0].hung_since == HUNG_AT  # still shown
+    warned = dataclasses.replace(kept, release_at=now + 10, release_reason="hung")
+    assert kinds(decide([facts(warned, hung_act(), now)], now, s=H)) == ["Unwarn"]
+    # Once the keep ends, the full warning.
+    later = HUNG_AT + 5001
+    (warn,) = decide([facts(kept, hung_act(), later)], later, s=H).actions
+    assert isinstance(warn, policy.Warn) and warn.release_at == later + H.warning
+
+
+def test_hung_report_shows_the_hang_and_changes_nothing_else() -> None:
+    report = dataclasses.replace(H, hung="report")
+    b = box()
+    d = run_passes(b, hung_act(), HUNG_AT, HUNG_AT + 20_000, s=report)
+    assert d.actions == ()
+    (v,) = d.verdicts
+    assert v.status == "hung" and 'only reported (hung = "report")' in v.why
+    assert v.why.endswith(
+        "so as usual: in use: GPU 100% (threshold 5%), CPU 100% of a core "
+        "(threshold 20%), 1 run(s) going"
+    )
+    (gpu,) = [sig for sig in v.signals if sig.name == "gpu"]
+    assert gpu.detail == "GPU 100% (threshold 5%)"
+    # The idle rules still apply with the usual signals: a hung box whose GPU signal is
+    # off is warned for idleness, as it is today.
+    only_input = dataclasses.replace(report, signals=("input",))
+    now = HUNG_AT + 5000
+    (warn,) = decide([facts(b, hung_act(), now)], now, s=only_input).actions
+    assert isinstance(warn, policy.Warn) and warn.reason == "idle"
+
+
+def test_the_first_release_wins_between_idle_and_hung() -> None:
+    # Idle by the usual rule (only input counts here) long before hung_grace passes.
+    only_input = dataclasses.replace(H, signals=("input",), idle_timeout=600, hung_grace=36000)
+    now = HUNG_AT + 600
+    (warn,) = decide([facts(box(), hung_act(), now)], now, s=only_input).actions
+    assert isinstance(warn, policy.Warn) and warn.reason == "idle"
+    # A short hung_grace and a long idle_timeout: the hang's release comes first.
+    short = dataclasses.replace(H, signals=("input",), idle_timeout=36000, hung_grace=120)
+    now = HUNG_AT + 60
+    (warn,) = decide([facts(box(), hung_act(), now)], now, s=short).actions
+    assert isinstance(warn, policy.Warn) and warn.reason == "hung"
+    assert warn.release_at == HUNG_AT + 120
+
+
+def test_a_busy_box_that_is_not_hung_stays_busy() -> None:
+    b = box()
+    d = run_passes(b, hung_act(hung_since=0.0, stalled_since=0.0), T0, T0 + 20_000)
+    assert d.actions == () and d.verdicts[0].status == "busy"
+    assert d.verdicts[0].hung_since == 0.0
+    (gpu,) = [sig for sig in d.verdicts[0].signals if sig.name == "gpu"]
+    assert gpu.detail == "GPU 100% (threshold 5%)"
+    # Stalled, not hung yet: still busy.
+    d = run_passes(b, hung_act(hung_since=0.0), T0, T0 + 20_000)
+    assert d.actions == () and d.verdicts[0].status == "busy"
+    assert d.verdicts[0].stalled_since == HUNG_AT - 600
+
+
+def test_a_hang_time_no_clock_wrote_is_not_a_hang() -> None:
+    now = HUNG_AT + 5000
+    for bad in (float("nan"), float("inf"), -5.0):
+        d = decide([facts(box(), hung_act(hung_since=bad, stalled_since=bad), now)], now, s=H)
+        assert d.actions == () and d.verdicts[0].status == "busy", bad
+        assert d.verdicts[0].hung_since == 0.0
+
+
+def test_hung_releases_share_the_cap_per_pass() -> None:
+    now = HUNG_AT + 5000
+    fs = [
+        facts(box(f"h{i}", release_at=now - i, release_reason="hung"), hung_act(), now)
+        for i in range(4)
+    ]
+    d = decide(fs, now, s=H)
+    released = [a.box for a in d.actions if isinstance(a, policy.Release)]
+    assert released == ["h3", "h2"]
+    assert sorted(v.box for v in d.verdicts if v.status == "deferred") == ["h0", "h1"]
+
+
+def test_metrics_count_hung_boxes_and_their_gpu_hours_apart_from_idle_ones() -> None:
+    hung = box("h", spec=BoxSpec(gpus=4))
+    warned = box("w", spec=BoxSpec(gpus=2), release_at=HUNG_AT + 9000, release_reason="hung")
+    idle = box("i", spec=BoxSpec(gpus=1))
+    clock = [HUNG_AT + 100.0]
+
+    def world_at(now: float) -> list[policy.BoxFacts]:
+        return [
+            facts(hung, hung_act(), now),
+            facts(warned, hung_act(), now),
+            facts(idle, act(), now),
+        ]
+
+    world = FakeWorld(world_at(clock[0]))
+    scaler = Autoscaler(world, H, clock=lambda: clock[0])
+    scaler.reconcile()
+    clock[0] += 1800  # half an hour later
+    world.facts = world_at(clock[0])
+    result = scaler.reconcile()
+    statuses = {v.box: v.status for v in result.decision.verdicts}
+    assert statuses == {"h": "warned", "w": "warned", "i": "warned"}
+    text = scaler.metrics.render()
+    assert "devbox_hung_gpus 6" in text
+    assert "devbox_hung_gpu_hours_total 3" in text  # 6 GPUs for half an hour
+    assert "devbox_idle_gpu_hours_total 0.5" in text  # the idle box's one GPU only
+    assert 'devbox_boxes{status="hung"} 0' in text
+    # Before the warning, a hung box is counted by its own status.
+    clock[0] = HUNG_AT + 100.0
+    world.facts = [facts(hung, hung_act(), clock[0])]
+    fresh = Autoscaler(world, H, clock=lambda: clock[0])
+    fresh.reconcile()
+    assert 'devbox_boxes{status="hung"} 1' in fresh.metrics.render()
+    assert "devbox_hung_gpus 4" in fresh.metrics.render()
+
+
+def test_a_hung_warning_reads_well_where_users_see_it() -> None:
+    at = time.mktime((2026, 12, 3, 14, 30, 0, 0, 0, -1))
+    text = release_warning("b", "hung", at)
+    assert text == (
+        "devbox: box b looks hung (its GPUs busy at low power, no training step, no input); "
+        "it will be released at 14:30:00 unless used (`devbox keep b` holds it)"
+    )
+    assert release_warning("b", "idle", at).startswith("devbox: box b has been idle; it will")
+    note = box(release_at=at, release_reason="hung").autoscaler_note(at - 600)
+    assert note == "looks hung: released in 10m unless used (or `devbox keep b`)"
+
+
+def test_explain_says_since_when_a_box_is_hung_and_stalled() -> None:
+    now = HUNG_AT + 1500
+    b = box()
+    a = hung_act()
+    (v,) = decide([facts(b, a, now)], now, s=H).verdicts
+    text = render(v, facts(b, a, now), State(), now=now)
+    first, *rest = text.splitlines()
+    assert first.startswith("box b (ann): hung: hung for 25m: GPUs busy at low power")
+    assert "released in 5m (hung_grace 30m)" in first
+    clock = time.strftime("%a %H:%M", time.localtime(HUNG_AT))
+    stalled_clock = time.strftime("%a %H:%M", time.localtime(HUNG_AT - 600))
+    assert (
+        f"  hung for 25m (since {clock}), stalled for 35m (since {stalled_clock}): "
+        "GPUs busy at low power, no probe step, no input"
+    ) in rest
+    gpu = next(line for line in rest if line.split()[0] == "gpu")
+    assert "active now" in gpu and gpu.endswith("GPU 100% (threshold 5%); not use: the box is hung")
+    # Stalled, not hung: said so; neither: no line.
+    a = hung_act(hung_since=0.0)
+    (v,) = decide([facts(b, a, now)], now, s=H).verdicts
+    text = render(v, facts(b, a, now), State(), now=now)
+    assert f"  stalled for 35m (since {stalled_clock}): GPUs busy at low power; not hung" in text
+    a = act(gpu_util=100.0)
+    (v,) = decide([facts(b, a, now)], now, s=H).verdicts
+    assert "stalled" not in render(v, facts(b, a, now), State(), now=now)
