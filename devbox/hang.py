@@ -81,7 +81,7 @@ def parse(table: object, *, where: str) -> Rule:
             values[key] = float(value)
     if "after" in table:
         after = units.seconds(table["after"])
-        if after is None:
+        if after is None or not math.isfinite(after):
             raise UsageError(
                 f"{where}: after must be a duration (600, or 10m), not {table['after']!r}"
             )

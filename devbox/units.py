@@ -46,7 +46,7 @@ _SPANS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 
 def seconds(value: object) -> float | None:
     """A duration a person wrote, as seconds: a number, or "90s", "30m", "4h", "1d";
-    None when it is not one (nan and inf are none either)."""
+    None when it is not one. Not checked for finiteness: nan and inf come back as such."""
     if isinstance(value, bool):
         return None
     out: float | None = None
@@ -57,7 +57,7 @@ def seconds(value: object) -> float | None:
             out = float(value[:-1]) * _SPANS[value[-1]]
         except ValueError:
             return None
-    return out if out is not None and out - out == 0 else None  # finite
+    return out
 
 
 def num(value: float | None, unit: str, fmt: str = ".0f") -> str:

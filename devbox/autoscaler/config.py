@@ -4,12 +4,12 @@ UsageError naming the setting, never a silent default."""
 
 from __future__ import annotations
 
-import contextlib
 import math
 import tomllib
 from dataclasses import dataclass, fields
 from typing import Any
 
+from devbox import saves, units
 from devbox.errors import UsageError
 from devbox.profiles import check_name
 
@@ -20,7 +20,6 @@ SIGNALS = ("input", "forwards", "sftp", "stdin", "clients", "gpu", "cpu", "probe
 DEFAULT_SIGNALS = ("input", "forwards", "sftp", "stdin", "gpu", "cpu", "probe", "runs")
 CONFIG_MAP = "devbox-autoscaler"  # in the namespace the autoscaler looks after
 CONFIG_KEY = "autoscaler.toml"
-_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 # Every duration is finite and at most a year: NaN compares false with everything (a box
 # never idles, a pass never releases) and a huge one overflows the clock arithmetic and
 # time formatting into a crash. A pass at most every MIN_INTERVAL: never a busy loop.
@@ -34,7 +33,7 @@ MAX_POOL_SIZE = 1000
 # release it `hung_grace` after the hang began; or only report it (status "hung").
 HUNG = ("release", "report")
 # A release waits at most this long for the box's probed processes to save.
-MAX_SAVE_TIMEOUT = 3600.0
+MAX_SAVE_TIMEOUT = saves.MAX_LIMIT
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -96,14 +95,7 @@ _DURATIONS = (
 
 def duration(value: object, what: str) -> float:
     """Seconds, from a number or a string with a unit ("90s", "30m", "4h", "1d")."""
-    if isinstance(value, bool):
-        raise UsageError(f"{what} must be a duration (seconds, or 30m, 4h), not {value!r}")
-    seconds: float | None = None
-    if isinstance(value, int | float):
-        seconds = float(value)
-    elif isinstance(value, str) and value[-1:] in _UNITS:
-        with contextlib.suppress(ValueError):  # not a number: the error below
-            seconds = float(value[:-1]) * _UNITS[value[-1]]
+    seconds = units.seconds(value)
     if seconds is None:
         raise UsageError(f"{what} must be a duration (seconds, or 30m, 4h), not {value!r}")
     if not math.isfinite(seconds):  # nan, inf, and 1e309 (which TOML reads as inf)

@@ -113,6 +113,9 @@ class Release:
     owner: str
     reason: str  # "idle", "lifetime", "hung" or "unhealthy"
     why: str
+    # Seconds the box's probed processes get to save first (devbox.saves): the settings'
+    # save_timeout; 0 for a silent agent, which could not ask them.
+    save_within: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -407,7 +410,7 @@ def _one(
     if now < box.release_at:
         left = box.release_at - now
         return verdict("warned", f"{why}; released in {_span(left)}", idle_since), actions, None
-    release = Release(*ids, reason=reason, why=why)
+    release = Release(*ids, reason=reason, why=why, save_within=s.save_timeout)
     return verdict("releasing", why, idle_since), actions, (box.release_at, release)
 
 

@@ -81,6 +81,7 @@ def test_idle_box_is_warned_then_released_after_the_timeout() -> None:
     d = decide([facts(warned, act(), T0 + 606)], T0 + 606)
     (release,) = d.actions
     assert isinstance(release, policy.Release) and release.reason == "idle"
+    assert release.save_within == S.save_timeout  # its probed processes save first
 
 
 def test_on_time_warning_releases_exactly_at_the_idle_timeout() -> None:
@@ -227,6 +228,7 @@ def test_silent_agent_is_marked_then_released_after_a_longer_grace() -> None:
     assert decide([facts(marked, act(runs=1), now - 299)], now).actions == ()
     (release,) = decide([facts(marked, act(runs=1), now - 301)], now).actions
     assert isinstance(release, policy.Release) and release.reason == "unhealthy"
+    assert release.save_within == 0  # a silent agent could not ask anyone to save
     # Heartbeats again: the mark goes.
     back = decide([facts(marked, act(runs=1), now - 1)], now)
     assert kinds(back) == ["MarkHealthy"] and back.verdicts[0].status == "busy"

@@ -182,8 +182,11 @@ class KubeWorld:
 
     def _release(self, pod: dict[str, Any], action: policy.Release) -> bool:
         c = self.cluster
+        # The grace period is the save limit: the kubelet waits that long while the agent
+        # asks the box's probed processes to save (agent/saving.py), and this pass does not.
+        body = {**pods.unchanged(pod), "gracePeriodSeconds": pods.release_grace(action.save_within)}
         try:
-            c.rest.delete(c.pods(pods.name(pod)), body=pods.unchanged(pod))
+            c.rest.delete(c.pods(pods.name(pod)), body=body)
         except ApiError as exc:
             if exc.status in (404, 409):  # gone already, or changed: never twice, never blind
                 return False

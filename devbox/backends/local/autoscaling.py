@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from devbox import config as config_mod
-from devbox import names, paths, private, protocol, terminals
+from devbox import names, paths, private, protocol, saves, terminals
 from devbox.autoscaler import policy
 from devbox.autoscaler.state import State, loads
 from devbox.autoscaler.world import Snapshot
@@ -100,7 +100,12 @@ class LocalWorld:
             if current.keep_until > time.time():
                 return False
             # Checked again under the name's lock: a `keep` since the look above holds it.
-            return self.backend.release(action.key, unless_kept=True)  # the home stays
+            # The box's probed processes save first (devbox.saves); the home stays.
+            save = saves.Ask(within=action.save_within, reason=action.reason)
+            released = self.backend.release(action.key, unless_kept=True, save=save)
+            for result in save.results:
+                log.info("box %s: %s", action.key, saves.line(result))
+            return released
         return False  # no warm pool on this machine
 
     def _tell(self, box: Box, text: str) -> None:
