@@ -63,6 +63,9 @@ class Runner:
         self.custom = client.CustomObjectsApi()
         self.data = data
         self.agents: dict[tuple[str, str], Agent] = {}
+        # Agents told to stop: each with when its grace ends and whether its pod is being
+        # deleted (then deleted for good once the agent is gone).
+        self.ending: dict[tuple[str, str], tuple[Agent, float, bool]] = {}
         self.resource_version = ""
         self.nvml_dir = data / "nvml"
         nvml_sim.build(self.nvml_dir)
@@ -208,18 +211,56 @@ class Runner:
             "kwok.x-k8s.io", "v1alpha1", ns, "portforwards", body
         )
 
-    def stop(self, key: tuple[str, str]) -> None:
+    def begin_stop(self, key: tuple[str, str], *, grace: float, deleted: bool = False) -> None:
+        """SIGTERM the agent, as a kubelet does its container, and give it `grace` seconds
+        (the deletion's grace period, in which it asks its probed processes to save);
+        `finish_stops` sees it end. Never waited for here: other pods' agents go on."""
         agent = self.agents.pop(key)
         agent.proc.terminate()
+        self.ending[key] = (agent, time.monotonic() + grace, deleted)
+
+    def finish_stops(self) -> None:
+        """Agents that ended (or whose grace is over: killed) are cleaned up, and their
+        pod is deleted for good, as a kubelet does once the containers are gone: kwok
+        alone would wait a random part of the grace period."""
+        for key, (agent, deadline, deleted) in list(self.ending.items()):
+            if agent.proc.poll() is None:
+                if time.monotonic() < deadline:
+                    continue
+                agent.proc.kill()
+                agent.proc.wait()
+            del self.ending[key]
+            self._cleanup(key, agent)
+            if not deleted:  # an agent that died in a live pod: the next pass restarts it
+                continue
+            with contextlib.suppress(ApiException):  # gone already, or another pod now
+                self.core.delete_namespaced_pod(
+                    key[1],
+                    key[0],
+                    grace_period_seconds=0,
+                    body=client.V1DeleteOptions(
+                        grace_period_seconds=0, preconditions=client.V1Preconditions(uid=agent.uid)
+                    ),
+                )
+
+    def stop(self, key: tuple[str, str]) -> None:
+        self.begin_stop(key, grace=15)
+        agent, _, _ = self.ending[key]
         try:
             agent.proc.wait(timeout=15)
         except subprocess.TimeoutExpired:
             agent.proc.kill()
             agent.proc.wait()
-        with contextlib.suppress(ApiException):
-            self.custom.delete_namespaced_custom_object(
-                "kwok.x-k8s.io", "v1alpha1", key[0], "portforwards", key[1]
-            )
+        del self.ending[key]
+        self._cleanup(key, agent)
+
+    def _cleanup(self, key: tuple[str, str], agent: Agent) -> None:
+        # Unless a new pod of the name has its own agent (and port-forward) by now.
+        if key not in self.agents:
+            with contextlib.suppress(ApiException):
+                self.custom.delete_namespaced_custom_object(
+                    "kwok.x-k8s.io", "v1alpha1", key[0], "portforwards", key[1]
+                )
         _end_sessions(agent.folder)
         shutil.rmtree(agent.folder, ignore_errors=True)
         log.info("stopped agent for %s/%s", *key)
@@ -231,18 +272,26 @@ class Runner:
         pods = listed.items
         # The real node's kubelet runs its own pods' containers: not ours to play.
         real = {n.metadata.name for n in self.core.list_node(label_selector=REAL_NODE).items}
-        live = {}
+        live, deleting = {}, {}
         for pod in pods:
             key = (pod.metadata.namespace, pod.metadata.name)
-            if pod.metadata.deletion_timestamp or pod.status.phase != "Running":
-                continue
             if pod.spec.node_name in real:
+                continue
+            if pod.metadata.deletion_timestamp:
+                deleting[key] = (pod.metadata.uid, pod.metadata.deletion_grace_period_seconds)
+                continue
+            if pod.status.phase != "Running":
                 continue
             live[key] = pod.metadata.uid
         for key in list(self.agents):
             agent = self.agents[key]
-            if live.get(key) != agent.uid or agent.proc.poll() is not None:
-                self.stop(key)
+            uid, grace = deleting.get(key, ("", None))
+            if uid == agent.uid and agent.proc.poll() is None:
+                # A pod's graceful deletion: the agent gets the grace, then the pod goes.
+                self.begin_stop(key, grace=float(grace or 0), deleted=True)
+            elif live.get(key) != agent.uid or agent.proc.poll() is not None:
+                self.begin_stop(key, grace=15)
+        self.finish_stops()
         for key in live:
             if key not in self.agents:
                 pod = next(p for p in pods if (p.metadata.namespace, p.metadata.name) == key)
@@ -281,6 +330,10 @@ class Runner:
             self.wait_for_change()
         for key in list(self.agents):
             self.stop(key)
+        for key, (agent, _, _) in list(self.ending.items()):
+            agent.proc.kill()
+            agent.proc.wait()
+            self._cleanup(key, agent)
         shutil.rmtree(self.short, ignore_errors=True)
 
 
