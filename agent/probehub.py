@@ -7,6 +7,11 @@ The hub tells every process whether anybody watches, so that an unwatched traini
 pays next to nothing. Each batch a process sends is activity for the autoscaler. Alerts are
 kept per process (the first of each kind and layer) and written to `alerts_file` for
 `devbox ls`.
+
+Before the box goes, `release` asks every process that registered a save (its hello said
+`release: true`: devbox.probe.on_release or release_requested) to save, and reports what
+each saved. Such a link watches no model (its layers are []): the processes of HELLO
+include it, for requests every process answers (stacks), and say so with `release`.
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agent import probesaves as saves
 from agent.streams import LineReader, RequestError, fail
 from agent.telemetry import REQUEST_TIMEOUT as FIRST_TIMEOUT
 from devbox import private, protocol
@@ -51,9 +57,16 @@ class ProcessLink:
     every: int
     writer: asyncio.StreamWriter
     latest: bytes | None = None  # the newest PROBE_STATS line with layer statistics
+    release: bool = False  # the process saves before a release (probe.on_release)
 
     def info(self) -> dict[str, Any]:
-        return {"pid": self.pid, "cmd": self.cmd, "layers": self.layers, "every": self.every}
+        return {
+            "pid": self.pid,
+            "cmd": self.cmd,
+            "layers": self.layers,
+            "every": self.every,
+            "release": self.release,
+        }
 
 
 @dataclass(eq=False)
@@ -113,6 +126,8 @@ class ProbeHub:
         self._alert_keys: set[tuple[int, str, str]] = set()
         # hub request id -> (subscriber, the subscriber's own id)
         self._waiting: dict[int, tuple[Subscriber, int]] = {}
+        # release id -> (the link asked, its answer: None when the process ended first)
+        self._saving: dict[int, tuple[ProcessLink, saves.Answer]] = {}
         self._server: asyncio.AbstractServer | None = None
         # Told of every change of `alerts`; in a pod, agent.incluster annotates the pod.
         self.on_alerts: Callable[[list[ProbeAlert]], None] | None = None
@@ -156,6 +171,7 @@ class ProbeHub:
                 layers=[str(n) for n in body.get("layers", [])][:10000],
                 every=int(body.get("every", 1)),
                 writer=writer,
+                release=body.get("release") is True,
             )
             self.processes[link.key] = link
             writer.write(protocol.encode(protocol.PROBE_CONTROL, watching=bool(self._subs)))
@@ -170,6 +186,9 @@ class ProbeHub:
         finally:
             if link is not None:
                 del self.processes[link.key]
+                for asked, answer in self._saving.values():
+                    if asked is link and not answer.done():
+                        answer.set_result(None)
                 gone = protocol.encode(protocol.PROBE_GONE, pid=link.pid)
                 for sub in self._subs:
                     sub.pending.pop(link.key, None)
@@ -194,6 +213,8 @@ class ProbeHub:
             elif raised:
                 for sub in self._subs:
                     sub.notify(line)
+        elif frame.type == protocol.PROBE_SAVED:
+            self._saved(link, frame)
         elif frame.type == protocol.PROBE_REPLY:
             hub_id = frame.body.get("id")
             waiting = self._waiting.pop(hub_id, None) if isinstance(hub_id, int) else None
@@ -201,6 +222,63 @@ class ProbeHub:
                 sub, their_id = waiting
                 sub.waiting -= 1
                 sub.notify(protocol.encode(protocol.PROBE_REPLY, **{**frame.body, "id": their_id}))
+
+    def _saved(self, link: ProcessLink, frame: protocol.Frame) -> None:
+        hub_id = frame.body.get("id")
+        waiting = self._saving.get(hub_id) if isinstance(hub_id, int) else None
+        if waiting is None or waiting[0] is not link or waiting[1].done():
+            return  # late (the release is over), or not this process's to answer
+        try:
+            answer = protocol.probe_saved(frame)
+        except protocol.ProtocolError as exc:
+            answer = {"id": 0, "pid": link.pid, "saved": [], "error": exc.message}
+        waiting[1].set_result(answer)
+
+    # --- the release handshake --------------------------------------------------------
+
+    async def release(self, *, reason: str, deadline: float) -> list[protocol.SaveResult]:
+        """Ask every process that can save to save, and wait for their answers until
+        `deadline` (unix time). One result per such process, plus a "no-handler" one per
+        probed process that registered no save. Never raises."""
+        asked = [link for link in self.processes.values() if link.release]
+        savers = {link.pid for link in asked}
+        others: dict[int, ProcessLink] = {}
+        for link in self.processes.values():
+            if link.pid not in savers:
+                others.setdefault(link.pid, link)
+        limit = deadline - time.time()
+        if limit > 0 and asked:
+            answers = self._ask_to_save(asked, reason=reason, deadline=deadline)
+            try:
+                await asyncio.wait([a for _, a in answers.values()], timeout=limit)
+            finally:
+                for hub_id in answers:
+                    self._saving.pop(hub_id, None)
+            results = [
+                saves.result(link.pid, link.cmd, answer, limit=limit)
+                for link, answer in answers.values()
+            ]
+        else:
+            results = [saves.result(link.pid, link.cmd, None, limit=limit) for link in asked]
+        return results + [saves.no_handler(link.pid, link.cmd) for link in others.values()]
+
+    def _ask_to_save(
+        self, links: list[ProcessLink], *, reason: str, deadline: float
+    ) -> dict[int, tuple[ProcessLink, saves.Answer]]:
+        loop = asyncio.get_running_loop()
+        answers = {}
+        for link in links:
+            hub_id = next(_ids)
+            answers[hub_id] = (link, loop.create_future())
+            self._saving[hub_id] = answers[hub_id]
+            frame = protocol.encode(
+                protocol.PROBE_RELEASE, id=hub_id, reason=reason, deadline=deadline
+            )
+            try:
+                link.writer.write(frame)
+            except (OSError, RuntimeError):
+                answers[hub_id][1].set_result(None)  # closing: it cannot answer
+        return answers
 
     def _add_alerts(self, link: ProcessLink, raised: list[Any]) -> None:
         changed = False
@@ -341,7 +419,7 @@ class ProbeHub:
         if isinstance(their_id, bool) or not isinstance(their_id, int):
             sub.notify(_reply_error(0, 0, "a request needs an integer id"))
             return
-        link = self._choose(body.get("pid"))
+        link = self._choose(body.get("pid"), body.get("kind"))
         if link is None:
             pid = body.get("pid")
             why = f"no probed process {pid}" if pid is not None else "no probed process"
@@ -356,8 +434,10 @@ class ProbeHub:
         link.writer.write(protocol.encode(protocol.PROBE_REQUEST, **{**body, "id": hub_id}))
         asyncio.get_running_loop().call_later(REQUEST_TIMEOUT, self._expire, hub_id, link.pid)
 
-    def _choose(self, pid: object) -> ProcessLink | None:
+    def _choose(self, pid: object, kind: object = None) -> ProcessLink | None:
         links = list(self.processes.values())
+        if kind != "stacks":  # the others ask about a model: a release link has none
+            links = [link for link in links if link.layers] or links
         if pid is None:
             return links[-1] if links else None  # the newest
         return next((p for p in reversed(links) if p.pid == pid), None)

@@ -216,6 +216,9 @@ PROBE_GONE = "probe-gone"  # body: pid
 # probe.release_requested); each answers one PROBE_SAVED, or the limit passes.
 PROBE_RELEASE = "probe-release"  # body: id, reason, deadline (unix time)
 PROBE_SAVED = "probe-saved"  # body: one ProbeSaved
+# A PROBE_SAVED's error when the process asked for releases (its link's hello said so) but
+# has no way to save: the agent reports it as "no-handler", not as a failed save.
+NO_SAVE_HANDLER = "no save handler registered"
 # "stacks" is answered by the process's probe thread itself, with every thread's stack:
 # it works while the training thread is stuck. Its layer and tensor are "".
 PROBE_REQUEST_KINDS = ("histogram", "summary", "save", "stacks")

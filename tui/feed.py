@@ -254,7 +254,8 @@ class ModelView:
         body = frame.body
         if frame.type == protocol.HELLO:
             for p in body.get("processes") or []:
-                self.processes[int(p.get("pid", 0))] = str(p.get("cmd", ""))
+                if p.get("layers", True):  # not a release-only link (probe.on_release): no model
+                    self.processes[int(p.get("pid", 0))] = str(p.get("cmd", ""))
             self.alerts = list(body.get("alerts") or [])
         elif frame.type == protocol.PROBE_STATS:
             pid = int(body.get("pid", 0))

@@ -134,6 +134,11 @@ def _probe_parser(sub: Any, backend: argparse.ArgumentParser) -> None:
     ask.add_argument("--histogram", metavar="LAYER", help="a histogram of LAYER's --tensor")
     ask.add_argument("--summary", metavar="LAYER", help="shape, mean, std, min, max, norm")
     ask.add_argument("--save", metavar="LAYER", help="save the tensor to a file in the box")
+    ask.add_argument(
+        "--stacks",
+        action="store_true",
+        help="every thread's Python stack, of each probed process (a hung one too)",
+    )
     probe.add_argument(
         "--tensor",
         choices=("activation", "gradient", "weight"),  # protocol.PROBE_TENSORS (kept light)

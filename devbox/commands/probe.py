@@ -1,5 +1,9 @@
 """`devbox probe NAME`: the statistics devbox.probe sends from a training process in the
-box, or one on-demand request (a histogram, a tensor's summary, a saved copy)."""
+box, or one on-demand request (a histogram, a tensor's summary, a saved copy); `--stacks`:
+every thread's stack of each probed process, answered by the probe's own thread.
+
+A process whose probe only saves before a release (probe.on_release) has no model: its
+link's layers are [], so the statistics skip it and only --stacks asks it."""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from devbox import protocol
 from devbox.boxes import Box
@@ -14,9 +19,16 @@ from devbox.connect import backend_for, open_socket
 from devbox.errors import DevboxError, UsageError
 from devbox.views import probe as probe_view
 
+if TYPE_CHECKING:
+    from devbox.ssh.probe import Stacks
+
 NOBODY = (
     "no training process in box {box} uses devbox.probe "
     "(in the training script: `from devbox import probe; probe.watch(model)`)"
+)
+NO_STACKS = (
+    "box {box} has no probed process: stack dumps come from devbox.probe "
+    "(probe.watch or probe.on_release) in the training code"
 )
 
 
@@ -26,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
     layer = args.histogram or args.summary or args.save
     if layer is None and (args.bins is not None or args.tensor != "activation"):
         raise UsageError("--tensor and --bins go with --histogram, --summary or --save")
-    if layer is not None and (args.watch or args.count is not None):
+    if (layer is not None or args.stacks) and (args.watch or args.count is not None):
         raise UsageError("--watch and --count show statistics; a request has one answer")
     if args.bins is not None and not args.histogram:
         raise UsageError("--bins goes with --histogram")
@@ -34,6 +46,10 @@ def run(args: argparse.Namespace) -> int:
     box = backend.get(args.name)
     if box.state.value not in ("running", "idle"):
         raise UsageError(f"box {box.name} is {box.state.value}: {box.reason or 'not reachable'}")
+    if args.stacks:
+        sock = open_socket(backend, box)
+        found = probe_stream.stacks(box, sock, pid=args.pid, timeout=args.timeout)
+        return _stacks(box, found, args)
     if layer is not None:
         kind = "histogram" if args.histogram else "summary" if args.summary else "save"
         request: protocol.ProbeRequest = {
@@ -71,13 +87,33 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _stacks(box: Box, found: list[Stacks], args: argparse.Namespace) -> int:
+    if not found:
+        which = f"no probed process {args.pid}" if args.pid is not None else ""
+        raise DevboxError(f"box {box.name}: {which}" if which else NO_STACKS.format(box=box.name))
+    for one in found:
+        if args.json:
+            answer = {"stacks": one.text} if one.text is not None else {"error": one.error}
+            print(json.dumps({"pid": one.pid, "cmd": one.cmd, **answer}), flush=True)
+            continue
+        text = one.text if one.text is not None else f"  {one.error}\n"
+        sys.stdout.write(f"process {one.pid} ({one.cmd})\n{text}\n")
+    sys.stdout.flush()
+    return 0 if all(one.text is not None for one in found) else 1
+
+
+def _models(processes: object) -> list[dict[str, Any]]:
+    """HELLO's processes that watch a model (a release-only link has no layers)."""
+    listed = processes if isinstance(processes, list) else []
+    return [p for p in listed if isinstance(p, dict) and p.get("layers", True)]
+
+
 def _ask(
     box: Box, request: protocol.ProbeRequest, *, as_json: bool
 ) -> Callable[[protocol.Frame], bool]:
     def show(frame: protocol.Frame) -> bool:
         if frame.type == protocol.HELLO:
-            processes = frame.body.get("processes") or []
-            if not processes:
+            if not _models(frame.body.get("processes")):
                 raise DevboxError(NOBODY.format(box=box.name))
             return True
         if frame.type != protocol.PROBE_REPLY or frame.body.get("id") != request["id"]:
@@ -104,7 +140,7 @@ def _follow(box: Box, args: argparse.Namespace, *, watch: bool) -> Callable[[pro
         nonlocal shown
         body = frame.body
         if frame.type == protocol.HELLO:
-            processes = [p for p in body.get("processes") or [] if isinstance(p, dict)]
+            processes = _models(body.get("processes"))
             if args.pid is not None:
                 processes = [p for p in processes if p.get("pid") == args.pid]
             if not processes and not watch:

@@ -12,6 +12,22 @@ vanishing gradients, dead units); between reports it checks at every step that t
 output is finite. While nobody watches it only does that check, at report steps. It never
 raises into training: with no agent, or a dead one, it goes quiet and reconnects.
 
+Before the box is released (by `devbox down` or the autoscaler) the agent asks the process
+to save, and reports what it saved:
+
+    probe.on_release(lambda reason: save_checkpoint("ckpt.pt"))   # returns what it saved
+
+`save_fn(reason)` returns a path, several, or None; it runs once, on the training thread at
+the next step boundary when a watched model is training (else on a thread of its own), and
+its exception is reported, never raised into training. A loop can poll instead:
+
+    if probe.release_requested():
+        torch.save(model.state_dict(), "ckpt.pt")
+        probe.saved("ckpt.pt")
+
+Either works without `watch`. While the process seems hung, `devbox probe NAME --stacks`
+shows every thread's stack: the probe's own thread answers it.
+
 `import devbox.probe` does not import torch; `watch` does, and says so when it is missing.
 """
 
@@ -21,11 +37,19 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from devbox.probe.alerts import Thresholds
+from devbox.probe.release import on_release, release_requested, saved
 
 if TYPE_CHECKING:
     from devbox.probe.watcher import Watcher
 
-__all__ = ["ProbeUnavailable", "Thresholds", "watch"]
+__all__ = [
+    "ProbeUnavailable",
+    "Thresholds",
+    "on_release",
+    "release_requested",
+    "saved",
+    "watch",
+]
 
 
 class ProbeUnavailable(ImportError):

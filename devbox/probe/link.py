@@ -3,6 +3,9 @@ socket, turns queued reports into frames (the device-to-host copy happens here, 
 training thread), and reconnects, quietly, whenever the agent is missing or dies.
 
 No torch here: a job is any callable that returns the frames to send.
+
+A request for "stacks" is answered here, on the link thread, before the owner's frame
+handler sees it: it must come while the training thread is stuck, and it needs no model.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from devbox import protocol
+from devbox.probe import stacks
 
 log = logging.getLogger("devbox.probe")
 
@@ -189,6 +193,9 @@ class Link:
                     frame = protocol.decode(line)
                 except protocol.ProtocolError:
                     raise ConnectionResetError("the agent sent a malformed frame") from None
+                if _wants_stacks(frame):
+                    sock.sendall(_stacks_reply(frame.body["id"]))
+                    continue
                 try:
                     self._on_frame(frame)
                 except Exception:
@@ -202,3 +209,20 @@ class Link:
         with contextlib.suppress(queue.Empty):
             while True:
                 self._jobs.get_nowait()
+
+
+def _wants_stacks(frame: protocol.Frame) -> bool:
+    # A malformed one (no integer id) goes on to the owner, which says what is wrong.
+    request_id = frame.body.get("id")
+    return (
+        frame.type == protocol.PROBE_REQUEST
+        and frame.body.get("kind") == "stacks"
+        and isinstance(request_id, int)
+        and not isinstance(request_id, bool)
+    )
+
+
+def _stacks_reply(request_id: int) -> bytes:
+    text = stacks.dump(answering=threading.get_ident())
+    body = {"id": request_id, "pid": os.getpid(), "step": 0, "stacks": text}
+    return protocol.encode(protocol.PROBE_REPLY, **body)

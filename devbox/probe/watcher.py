@@ -33,12 +33,17 @@ import torch
 
 from devbox import protocol
 from devbox.probe import alerts as alert_policy
-from devbox.probe import replies, stats
+from devbox.probe import release, replies, stats
 from devbox.probe.link import Link
 from devbox.probe.replies import Host, to_host
 from devbox.protocol import ProbeAlert, ProbeRequest
 
 log = logging.getLogger("devbox.probe")
+
+# Unwatched, a heartbeat goes every `every` steps, and also at the first step's end this
+# long after the last frame: the agent tells a slow step from a hung process by it
+# (devbox.hang), and `every` steps of a large model can take minutes.
+STEP_BEAT = 5.0
 
 
 def select(
@@ -100,6 +105,11 @@ class Watcher:
         self._tries: dict[int, int] = {}  # steps an activation request has waited
         self._broken = False
         self._handles: list[Any] = []
+        # time.monotonic() at the last step's end, and what that step took: a release
+        # waits for the next step when one is due soon (devbox.probe.release).
+        self.last_step = 0.0
+        self.step_seconds = 0.0
+        self._last_frame = 0.0  # time.monotonic() of the last report or heartbeat
         self.link = Link(
             hello={
                 "pid": os.getpid(),
@@ -112,6 +122,7 @@ class Watcher:
         )
         self._hook()
         self.link.start()
+        release.steppers.add(self)
 
     # --- hooks ------------------------------------------------------------------------
 
@@ -261,11 +272,22 @@ class Watcher:
         self._end_step()
 
     def _end_step(self) -> None:
+        now = time.monotonic()  # the one clock read of a step
+        if self.last_step:
+            self.step_seconds = now - self.last_step
+        self.last_step = now
+        self._report_step(now)
+        if release.pending is not None:  # one attribute read while no save waits
+            release.at_step()  # after optimizer.step: the weights are whole
+
+    def _report_step(self, now: float) -> None:
         step = self.step
         self.step += 1
         self._in_step = False
         if not self._observing:
-            if self._due and self.link.connected and not self.watching:
+            beat = (self._due and not self.watching) or now - self._last_frame > STEP_BEAT
+            if beat and self.link.connected:
+                self._last_frame = now
                 self._submit_heartbeat(step)
             return
         self._observing = False
@@ -286,6 +308,7 @@ class Watcher:
         matrix = torch.cat([act, part], 1)
         self._params_part, self._acts = None, []
         self._answer_activation_requests(step)
+        self._last_frame = now
         self._submit_report(step, to_host(matrix))
         self._answer_leftover_requests(step)
 
@@ -364,7 +387,8 @@ class Watcher:
         )
 
     def _on_frame(self, frame: protocol.Frame) -> None:
-        """On the link thread: the agent's control and request frames."""
+        """On the link thread: the agent's control and request frames (a "stacks" request
+        never comes here: the link answers it itself)."""
         if frame.type == protocol.PROBE_CONTROL:
             self.watching = bool(frame.body.get("watching"))
         elif frame.type == protocol.PROBE_REQUEST:
@@ -429,6 +453,7 @@ class Watcher:
         self._handles.clear()
         self._observing = False
         self._samples, self._scratch = [], stats.Scratch()
+        release.steppers.discard(self)
         self.link.close()
 
 

@@ -1,11 +1,15 @@
 """The client end of a box's probe stream (see devbox.protocol): one SSH subsystem channel
-on the box's own authenticated connection; requests go up the same channel."""
+on the box's own authenticated connection; requests go up the same channel. `stacks` asks
+every probed process for its threads' stacks."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from devbox import protocol
 from devbox.boxes import Box
@@ -25,7 +29,7 @@ async def frames(
     *,
     requests: Sequence[ProbeRequest] = (),
     outbox: asyncio.Queue[ProbeRequest] | None = None,
-) -> AsyncIterator[protocol.Frame]:
+) -> AsyncGenerator[protocol.Frame, None]:
     """HELLO, then PROBE_STATS / PROBE_REPLY / PROBE_GONE frames until the agent ends the
     stream; an ERROR frame raises. `requests` go up at once, `outbox` ones as they come.
     A lost connection raises a DevboxError (callers need not know asyncssh)."""
@@ -78,3 +82,79 @@ def stream(
             raise DevboxError(f"box {box.name}: no {waiting_for} within {timeout:g} s") from None
 
     asyncio.run(main())
+
+
+STACKS_WAIT = 5.0  # the probe's own thread answers at once; longer is a frozen process
+
+
+@dataclass(frozen=True)
+class Stacks:
+    """One process's answer to a stacks request: its threads' stacks, or why none came."""
+
+    pid: int
+    cmd: str
+    text: str | None
+    error: str = ""
+
+
+def stacks(
+    box: Box, sock: socket.socket, *, pid: int | None, timeout: float, wait: float = STACKS_WAIT
+) -> list[Stacks]:
+    """Every thread's stack of each probed process in the box (of `pid` only, if given),
+    watchers and release-only links alike; [] when no process uses devbox.probe. `timeout`
+    bounds the connection, `wait` the answers once asked."""
+
+    async def follow() -> list[Stacks]:
+        outbox: asyncio.Queue[ProbeRequest] = asyncio.Queue()
+        async with session(box, sock) as conn:
+            stream = frames(conn, box.name, outbox=outbox)
+            try:
+                hello = await anext(stream)
+                processes: dict[int, str] = {}
+                for p in hello.body.get("processes") or []:
+                    if isinstance(p, dict) and isinstance(p.get("pid"), int):
+                        processes.setdefault(p["pid"], str(p.get("cmd", "")))
+                if pid is not None:
+                    processes = {k: v for k, v in processes.items() if k == pid}
+                asked = dict(enumerate(processes, 1))
+                for request_id, one in asked.items():
+                    request: ProbeRequest = {
+                        "id": request_id, "kind": "stacks", "layer": "", "tensor": "", "pid": one
+                    }  # fmt: skip
+                    outbox.put_nowait(request)
+                answers = await _answers(stream, set(asked), wait) if asked else {}
+            finally:
+                await stream.aclose()
+        return [_stacks(one, processes[one], answers.get(i), wait) for i, one in asked.items()]
+
+    async def main() -> list[Stacks]:
+        try:
+            return await asyncio.wait_for(follow(), timeout + wait)
+        except TimeoutError:
+            raise DevboxError(f"box {box.name}: no probe stream within {timeout:g} s") from None
+
+    return asyncio.run(main())
+
+
+async def _answers(
+    stream: AsyncIterator[protocol.Frame], ids: set[int], wait: float
+) -> dict[int, dict[str, Any]]:
+    got: dict[int, dict[str, Any]] = {}
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(wait):
+            async for frame in stream:
+                request_id = frame.body.get("id")
+                if frame.type == protocol.PROBE_REPLY and request_id in ids:
+                    got[request_id] = frame.body
+                    if len(got) == len(ids):
+                        break
+    return got
+
+
+def _stacks(pid: int, cmd: str, reply: dict[str, Any] | None, wait: float) -> Stacks:
+    if reply is None:
+        why = f"no answer within {wait:g} s (stopped, or blocked in C code that holds the GIL?)"
+        return Stacks(pid, cmd, None, why)
+    if "error" in reply or not isinstance(reply.get("stacks"), str):
+        return Stacks(pid, cmd, None, str(reply.get("error", "no stacks in its answer")))
+    return Stacks(pid, cmd, str(reply["stacks"]))

@@ -218,3 +218,22 @@ def test_bad_requests_get_one_line(user: User, trainers: Any) -> None:
         assert message in result.stderr and result.stderr.count(b"\n") == 1, result.stderr
     missing = user.devbox("probe", "nosuchbox")
     assert missing.returncode == 2 and b"no box named 'nosuchbox'" in missing.stderr
+
+
+def test_stacks_of_a_stuck_process(user: User, trainers: Any) -> None:
+    user.up("hung")
+    nothing = user.devbox("probe", "hung", "--stacks", timeout=60)
+    assert nothing.returncode == 1 and nothing.stderr.decode() == (
+        "devbox: error: box hung has no probed process: stack dumps come from devbox.probe "
+        "(probe.watch or probe.on_release) in the training code\n"
+    )
+    trainer = trainers("hung", "--every", "1", "--stuck-at", "5")
+    _until(lambda: len(trainer.steps()) == 5, what="the stuck step")
+    out = _until(
+        lambda: (r := user.devbox("probe", "hung", "--stacks", timeout=60)).returncode == 0 and r,
+        what="stacks",
+    )
+    text = out.stdout.decode()
+    assert text.startswith(f"process {trainer.pid} (") and "in stuck_here" in text, text
+    (answer,) = _probe_json(user, "hung", "--stacks", "--pid", str(trainer.pid))
+    assert answer["pid"] == trainer.pid and "in stuck_here" in answer["stacks"]

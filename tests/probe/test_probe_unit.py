@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any, cast
 
@@ -313,3 +314,106 @@ def test_importing_the_probe_does_not_import_torch() -> None:
     code = "import sys, devbox, devbox.probe; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def _server(path: str) -> socket.socket:
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(path)
+    server.listen()
+    return server
+
+
+def test_an_unwatched_process_beats_after_a_quiet_while(
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Nobody watches and `every` is far: a heartbeat still comes at the first step's end
+    STEP_BEAT seconds after the last frame, so the agent sees training go on."""
+    require_torch()
+    import torch
+
+    from devbox import probe
+    from devbox.probe import watcher as watcher_module
+
+    monkeypatch.setattr(watcher_module, "STEP_BEAT", 0.3)
+    path = str(short_tmp / "p.sock")
+    server = _server(path)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    watcher = probe.watch(model, every=1000, find_socket=lambda: path)
+    conn, _ = server.accept()
+    conn.sendall(protocol.encode(protocol.PROBE_CONTROL, watching=False))
+    reader = conn.makefile("rb")
+    assert protocol.decode(reader.readline()).type == protocol.PROBE_HELLO
+    _wait(lambda: watcher.link.connected)
+    beats: list[int] = []
+
+    def read() -> None:
+        while len(beats) < 3 and (line := reader.readline()):
+            frame = protocol.decode(line)
+            if frame.type == protocol.PROBE_STATS:
+                assert frame.body["watched"] is False and frame.body["layers"] == []
+                beats.append(frame.body["step"])
+
+    feeder = threading.Thread(target=read, daemon=True)
+    feeder.start()
+
+    def step() -> bool:
+        optimizer.zero_grad()
+        model(torch.randn(8, 4)).sum().backward()
+        optimizer.step()
+        time.sleep(0.005)
+        return len(beats) >= 3
+
+    wait_until(step, 30, "three heartbeats")
+    s0, s1, s2 = beats
+    assert s0 == 0  # the report step (every) beats as before
+    assert 0 < s1 < s2 < 1000  # then time, not the step count, brings them
+    assert s2 - s1 >= 2  # one per quiet while, not one per step
+    watcher.close()
+    feeder.join(5)
+    reader.close()
+    conn.close()
+    server.close()
+
+
+def test_the_link_thread_answers_stacks_while_training_spins(short_tmp: Path) -> None:
+    """A stacks request is answered by the probe's own thread, at once, while the training
+    thread is busy in a loop of its own (it holds the GIL but for the switch interval)."""
+    require_torch()
+    import torch
+
+    from devbox import probe
+
+    path = str(short_tmp / "p.sock")
+    server = _server(path)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 2))
+    watcher = probe.watch(model, every=1, find_socket=lambda: path)
+    conn, _ = server.accept()
+    reader = conn.makefile("rb")
+    assert protocol.decode(reader.readline()).type == protocol.PROBE_HELLO
+    stop = threading.Event()
+
+    def spin_here() -> None:
+        while not stop.is_set():
+            pass
+
+    trainer = threading.Thread(target=spin_here, name="trainer")
+    trainer.start()
+    try:
+        request = {"id": 9, "kind": "stacks", "layer": "", "tensor": ""}
+        conn.sendall(protocol.encode(protocol.PROBE_REQUEST, **request))
+        while (frame := protocol.decode(reader.readline())).type != protocol.PROBE_REPLY:
+            pass
+    finally:
+        stop.set()
+        trainer.join()
+    reply = protocol.probe_reply(frame)
+    assert (reply["id"], reply["pid"], reply["step"]) == (9, os.getpid(), 0)
+    text = reply.get("stacks", "")
+    assert "thread trainer (ident" in text and "in spin_here" in text, text
+    assert "thread devbox-probe (ident" in text and "daemon): the probe, answering" in text
+    assert len(text.encode()) <= 64 * 1024
+    watcher.close()
+    reader.close()
+    conn.close()
+    server.close()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import threading
 import time
 
 import torch
@@ -18,6 +19,7 @@ p.add_argument("--steps", type=int, default=0, help="0: until killed")
 p.add_argument("--every", type=int, default=5)
 p.add_argument("--nan-at", type=int, default=-1)
 p.add_argument("--sleep", type=float, default=0.05)
+p.add_argument("--stuck-at", type=int, default=-1, help="hang at this step, as a deadlock")
 p.add_argument("--ref", required=True)
 args = p.parse_args()
 
@@ -35,6 +37,11 @@ probe.watch(model, every=args.every)
 outputs: dict[str, torch.Tensor] = {}
 for name, module in model.named_children():
     module.register_forward_hook(lambda m, a, out, name=name: outputs.__setitem__(name, out))
+
+
+def stuck_here() -> None:
+    threading.Event().wait()
+
 
 ref = open(args.ref, "w", buffering=1)  # noqa: SIM115
 step = 0
@@ -73,4 +80,6 @@ while args.steps == 0 or step < args.steps:
             layers[name]["update_ratio"] = moved / weight
     ref.write(json.dumps({"step": step, "loss": float(loss), "layers": layers}) + "\n")
     step += 1
+    if step == args.stuck_at:
+        stuck_here()
     time.sleep(args.sleep)
