@@ -37,7 +37,7 @@ def save(reason: str) -> str:
     tmp = args.ckpt + ".tmp"
     torch.save({"step": step, "reason": reason, "model": model.state_dict()}, tmp)
     os.replace(tmp, args.ckpt)
-    return args.ckpt
+    return str(args.ckpt)
 
 
 probe.on_release(save)

@@ -170,7 +170,7 @@ def test_a_stuck_loop_at_full_utilisation_and_low_power_is_hung_and_released_by_
             stderr=out,
         )
     try:
-        term.wait_for(shell, "devbox: box h looks hung", timeout=60)
+        term.wait_for(shell, "it will be released at", timeout=60)  # the rule's warning
         wait_until(lambda: not user.box_dir("h").joinpath("box.json").exists(), 90, "release")
     finally:
         proc.terminate()
