@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -208,7 +209,9 @@ def test_a_process_that_never_answers_is_released_after_the_limit(user: User, jo
     result = user.devbox("down", "n", check=True, timeout=120)
     waited = time.monotonic() - started
     said = result.stdout.decode() + result.stderr.decode()
-    assert f"process {job.pid}" in said and "not saved: no answer within 4s" in said, said
+    # Within what was left of the 4 s when the agent asked: a moment less.
+    assert f"process {job.pid}" in said, said
+    assert re.search(r"not saved: no answer within [34](\.\d)?s", said), said
     assert waited >= 4, waited  # it did wait for the answer that never came
     assert not job.ckpt.exists() and not job.alive()
 
