@@ -43,8 +43,18 @@ def become_init_if_pid1() -> None:
 
 
 def _forward(child: int, signum: int) -> None:
-    with contextlib.suppress(ProcessLookupError):  # it has just exited: the reaper sees it
+    try:
         os.kill(child, signum)
+    except ProcessLookupError:  # it has just exited: the reaper sees it
+        pass
+    except PermissionError:
+        # The agent runs as its owner and this init lacks CAP_KILL (a pod made without
+        # it): dying here would end the box at once, so say it and keep reaping; the
+        # kubelet's SIGKILL ends the box when the grace is over.
+        with contextlib.suppress(OSError):
+            os.write(
+                2, f"devbox init: cannot pass signal {signum} to the agent (no CAP_KILL)\n".encode()
+            )
 
 
 def _reap_until(child: int) -> int:

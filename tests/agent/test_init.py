@@ -71,3 +71,48 @@ def test_pid1_reaps_orphans_forwards_signals_and_exits_with_the_agent(tmp_path: 
     finally:
         proc.kill()
         proc.wait()
+
+
+# An agent that became its owner (another uid), under an init without CAP_KILL: the
+# kubelet's SIGTERM cannot be passed on. Before, the init died of EPERM, which ended the
+# whole box at once, before anything in it could save.
+OWNED = textwrap.dedent(
+    """
+    import os, sys, time
+    sys.path.insert(0, sys.argv[1])
+    from agent.init import become_init_if_pid1
+    become_init_if_pid1()
+    os.setuid(65534)
+    print("ready", flush=True)
+    time.sleep(60)
+    """
+)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a PID namespace of its own needs root")
+def test_pid1_without_cap_kill_says_so_and_lives_on(tmp_path: Path) -> None:
+    script = tmp_path / "agent.py"
+    script.write_text(OWNED)
+    proc = subprocess.Popen(
+        ["setpriv", "--bounding-set", "-kill", "--inh-caps", "-kill", "--"]
+        + ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, str(script), str(REPO)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None and proc.stderr is not None
+        assert proc.stdout.readline().strip() == "ready"
+        init = int(
+            wait_until(
+                lambda: Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().strip(),
+                what="the namespace's PID 1",
+            )
+        )
+        os.kill(init, signal.SIGTERM)
+        line = proc.stderr.readline()
+        assert line.strip() == "devbox init: cannot pass signal 15 to the agent (no CAP_KILL)"
+        assert proc.poll() is None  # the box lives on until its grace ends
+    finally:
+        proc.kill()
+        proc.wait()

@@ -245,7 +245,7 @@ def test_the_pod_of_a_profile() -> None:
             "allowPrivilegeEscalation": False,
             "capabilities": {
                 "drop": ["ALL"],
-                "add": ["CHOWN", "FOWNER", "SETGID", "SETPCAP", "SETUID"],
+                "add": ["CHOWN", "FOWNER", "KILL", "SETGID", "SETPCAP", "SETUID"],
             },
         }
     # A box made for its owner mounts the owner's folder only; a warm pod, the volume.

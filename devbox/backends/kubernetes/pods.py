@@ -178,8 +178,11 @@ def box_pod(
 
 # What the agent needs as root before it becomes its owner (agent/owner.py): make the
 # home (CHOWN, FOWNER), empty the bounding set (SETPCAP) and switch uid and groups
-# (SETUID, SETGID). All within the Pod Security "baseline" level.
-AGENT_CAPABILITIES = ("CHOWN", "FOWNER", "SETGID", "SETPCAP", "SETUID")
+# (SETUID, SETGID); and what the container's init, which stays root, needs to pass the
+# kubelet's SIGTERM on to the agent once that runs as its owner (KILL: without it the
+# init died of EPERM and took the box down at once, before anything could save). All
+# within the Pod Security "baseline" level.
+AGENT_CAPABILITIES = ("CHOWN", "FOWNER", "KILL", "SETGID", "SETPCAP", "SETUID")
 
 
 def _homes_mount(owner: Identity | None) -> dict[str, Any]:
