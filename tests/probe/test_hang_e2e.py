@@ -144,13 +144,14 @@ def test_a_stuck_loop_at_full_utilisation_and_low_power_is_hung_and_released_by_
     # attached session, and `devbox probe --stacks` shows where it waits.
     _gpu(user, LOW)
     job.hang_file.touch()
-    hung = wait_until(lambda: _activity(user, "h").get("hung_since"), 90, "hung", every=0.5)
-    assert hung >= _activity(user, "h")["stalled_since"] + AFTER
+    # The session's message shows for a few seconds (screen's msgwait): watched from now.
+    term.wait_for(shell, "box h looks hung", timeout=90)
+    hung = _activity(user, "h")["hung_since"]
+    assert hung and hung >= _activity(user, "h")["stalled_since"] + AFTER
     table, notes = _ls(user)
     assert table["h"]["STATE"] == "hung", table
     assert "h: hung for " in notes and "devbox probe h --stacks" in notes, notes
     assert json.loads(user.devbox("ls", "--json", check=True).stdout)[0]["hung_since"] == hung
-    term.wait_for(shell, "box h looks hung", timeout=30)
     stacks = user.devbox("probe", "h", "--stacks", check=True, timeout=60).stdout.decode()
     assert f"process {job.pid}" in stacks and "stuck_here" in stacks, stacks
 
