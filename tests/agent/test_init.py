@@ -45,6 +45,12 @@ AGENT = textwrap.dedent(
 )
 
 
+def _init_of(unshare: int) -> int:
+    """PID 1 of the namespace, seen from here: unshare's only child."""
+    children = Path(f"/proc/{unshare}/task/{unshare}/children")
+    return int(wait_until(lambda: children.read_text().strip(), what="the namespace's PID 1"))
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="a PID namespace of its own needs root")
 def test_pid1_reaps_orphans_forwards_signals_and_exits_with_the_agent(tmp_path: Path) -> None:
     script = tmp_path / "agent.py"
@@ -59,13 +65,7 @@ def test_pid1_reaps_orphans_forwards_signals_and_exits_with_the_agent(tmp_path: 
         assert proc.stdout.readline().split() == ["agent", "pid", "2"]
         assert proc.stdout.readline().strip() == "left []", "the orphan stayed a zombie"
         assert proc.stdout.readline().strip() == "ready"
-        # PID 1 of the namespace, seen from here: unshare's only child.
-        init = int(
-            wait_until(
-                lambda: Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().strip(),
-                what="the namespace's PID 1",
-            )
-        )
+        init = _init_of(proc.pid)
         os.kill(init, signal.SIGTERM)
         assert proc.wait(timeout=30) == 7
     finally:
@@ -89,13 +89,24 @@ OWNED = textwrap.dedent(
 )
 
 
+NO_CAP_KILL = ("setpriv", "--bounding-set", "-kill", "--inh-caps", "-kill", "--")
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="a PID namespace of its own needs root")
 def test_pid1_without_cap_kill_says_so_and_lives_on(tmp_path: Path) -> None:
     script = tmp_path / "agent.py"
     script.write_text(OWNED)
     proc = subprocess.Popen(
-        ["setpriv", "--bounding-set", "-kill", "--inh-caps", "-kill", "--"]
-        + ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, str(script), str(REPO)],
+        [
+            *NO_CAP_KILL,
+            "unshare",
+            "--pid",
+            "--fork",
+            "--mount-proc",
+            sys.executable,
+            str(script),
+            str(REPO),
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -103,12 +114,7 @@ def test_pid1_without_cap_kill_says_so_and_lives_on(tmp_path: Path) -> None:
     try:
         assert proc.stdout is not None and proc.stderr is not None
         assert proc.stdout.readline().strip() == "ready"
-        init = int(
-            wait_until(
-                lambda: Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().strip(),
-                what="the namespace's PID 1",
-            )
-        )
+        init = _init_of(proc.pid)
         os.kill(init, signal.SIGTERM)
         line = proc.stderr.readline()
         assert line.strip() == "devbox init: cannot pass signal 15 to the agent (no CAP_KILL)"
