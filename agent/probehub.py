@@ -58,6 +58,7 @@ class ProcessLink:
     writer: asyncio.StreamWriter
     latest: bytes | None = None  # the newest PROBE_STATS line with layer statistics
     release: bool = False  # the process saves before a release (probe.on_release)
+    framework: str = ""  # what its probe hooks: "torch", "keras/jax", "jax" (hello)
 
     def info(self) -> dict[str, Any]:
         return {
@@ -66,6 +67,7 @@ class ProcessLink:
             "layers": self.layers,
             "every": self.every,
             "release": self.release,
+            "framework": self.framework,
         }
 
 
@@ -172,6 +174,7 @@ class ProbeHub:
                 every=int(body.get("every", 1)),
                 writer=writer,
                 release=body.get("release") is True,
+                framework=str(body.get("framework", ""))[:40],
             )
             self.processes[link.key] = link
             writer.write(protocol.encode(protocol.PROBE_CONTROL, watching=bool(self._subs)))

@@ -150,7 +150,7 @@ def _follow(box: Box, args: argparse.Namespace, *, watch: bool) -> Callable[[pro
                     if not which
                     else f"box {box.name}: no probed {which}"
                 )
-            commands.update({int(p.get("pid", 0)): str(p.get("cmd", "")) for p in processes})
+            commands.update({int(p.get("pid", 0)): _what(p) for p in processes})
             waiting.update(commands)
             return True
         if frame.type != protocol.PROBE_STATS:
@@ -179,3 +179,9 @@ def _follow(box: Box, args: argparse.Namespace, *, watch: bool) -> Callable[[pro
         return bool(waiting)
 
     return show
+
+
+def _what(process: dict[str, Any]) -> str:
+    """The command line, and the framework its probe hooks ("torch", "keras/jax", ...)."""
+    cmd, framework = str(process.get("cmd", "")), str(process.get("framework", ""))
+    return f"{cmd}  [{framework}]" if framework else cmd

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +16,9 @@ import torch
 
 from devbox import protocol
 from devbox.probe import stats
+from devbox.probe.link import Job
+from devbox.probe.reporting import Host
 from devbox.protocol import ProbeRequest
-
-Job = Callable[[], list[bytes]]
-Host = Callable[[], Any]  # a device value, readable on the link thread
 
 
 def to_host(t: torch.Tensor) -> Host:
@@ -39,26 +37,6 @@ def to_host(t: torch.Tensor) -> Host:
         return read
     copy = t.detach()
     return lambda: copy.tolist()
-
-
-def check(r: ProbeRequest, layers: Sequence[str]) -> str | None:
-    """Why a well-formed request (protocol.probe_request) cannot be answered; None when it
-    can."""
-    if r["kind"] not in protocol.PROBE_REQUEST_KINDS:
-        return f"unknown request {r['kind']!r}"
-    if r["tensor"] not in protocol.PROBE_TENSORS:
-        return f"unknown tensor {r['tensor']!r}: one of {', '.join(protocol.PROBE_TENSORS)}"
-    if r["layer"] not in layers:
-        return f"no layer {r['layer']!r} is watched (layers: {', '.join(layers[:30])})"
-    bins = r.get("bins", 30)
-    if not 1 <= bins <= protocol.MAX_HISTOGRAM_BINS:
-        return f"bins must be 1 to {protocol.MAX_HISTOGRAM_BINS}"
-    return None
-
-
-def error(request_id: Any, step: int, message: str) -> Job:
-    reply = {"id": request_id, "pid": os.getpid(), "step": step, "error": message}
-    return lambda: [protocol.encode(protocol.PROBE_REPLY, **reply)]
 
 
 def answer(r: ProbeRequest, x: torch.Tensor, step: int) -> Job:

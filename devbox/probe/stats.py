@@ -13,15 +13,6 @@ from typing import TypeAlias
 
 import torch
 
-from devbox.protocol import LayerStats
-
-# Columns of a report: activation statistics first (ACT of them), then parameter ones.
-ACT_COLUMNS = ("act_mean", "act_std", "act_absmax", "act_zeros", "act_dead", "act_nan", "act_inf")
-PARAM_COLUMNS = ("grad_norm", "grad_nan", "weight_norm", "update_ratio")
-ACT = len(ACT_COLUMNS)
-COLUMNS = ACT_COLUMNS + PARAM_COLUMNS
-_COUNTS = {"act_nan", "act_inf", "grad_nan"}
-
 
 class Scratch:
     """A reusable CPU buffer for `activation`'s temporary: a fresh one per layer (256 KB
@@ -190,22 +181,3 @@ def summary(x: torch.Tensor) -> torch.Tensor:
     return torch.stack(
         [mean, std, low, high, norm, torch.isnan(f).sum().float(), torch.isinf(f).sum().float()]
     )
-
-
-def _number(value: float) -> float | None:
-    return value if math.isfinite(value) else None
-
-
-def rows(names: Sequence[str], matrix: list[list[float]]) -> list[LayerStats]:
-    """The report matrix (one row per layer, COLUMNS) as wire records: NaN/Inf become
-    None, counts become ints."""
-    out: list[LayerStats] = []
-    for name, row in zip(names, matrix, strict=True):
-        record: dict[str, object] = {"name": name}
-        for column, value in zip(COLUMNS, row, strict=True):
-            if column in _COUNTS:
-                record[column] = int(value) if math.isfinite(value) else 0
-            else:
-                record[column] = _number(value)
-        out.append(record)  # type: ignore[arg-type]
-    return out

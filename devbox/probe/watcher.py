@@ -18,32 +18,22 @@ copy of the model for the whole interval and measure N steps, not one.
 
 from __future__ import annotations
 
-import collections
 import fnmatch
 import logging
 import math
-import os
-import sys
-import time
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
-from devbox import protocol
 from devbox.probe import alerts as alert_policy
-from devbox.probe import release, replies, stats
-from devbox.probe.link import Link
-from devbox.probe.replies import Host, to_host
-from devbox.protocol import ProbeAlert, ProbeRequest
+from devbox.probe import replies, reporting, stats
+from devbox.probe.replies import to_host
+from devbox.probe.reporting import Plan, StepReporter
+from devbox.protocol import ProbeRequest
 
 log = logging.getLogger("devbox.probe")
-
-# Unwatched, a heartbeat goes every `every` steps, and also at the first step's end this
-# long after the last frame: the agent tells a slow step from a hung process by it
-# (devbox.hang), and `every` steps of a large model can take minutes.
-STEP_BEAT = 5.0
 
 
 def select(
@@ -61,7 +51,7 @@ def select(
     return chosen
 
 
-class Watcher:
+class Watcher(StepReporter):
     def __init__(
         self,
         model: torch.nn.Module,
@@ -72,10 +62,11 @@ class Watcher:
         find_socket: Callable[[], str | None] | None = None,
     ) -> None:
         self.model = model
-        self.every = every
-        self.thresholds = thresholds
         self.modules = select(model, layers)
-        self.names = [n for n, _ in self.modules]
+        names = [n for n, _ in self.modules]
+        super().__init__(
+            names, every=every, thresholds=thresholds, framework="torch", find_socket=find_socket
+        )
         self._index = {n: i for i, n in enumerate(self.names)}
         self._layer_params: list[list[torch.nn.Parameter]] = [
             [p for p in m.parameters(recurse=len(list(m.children())) > 0) if p.requires_grad]
@@ -84,11 +75,8 @@ class Watcher:
         self._param_owner = [(i, p) for i, ps in enumerate(self._layer_params) for p in ps]
         self._consts: dict[tuple[Any, ...], torch.Tensor] = {}
         self._model_params = {id(p) for p in model.parameters()}
-        self.step = 0
-        self.watching = False  # somebody subscribed (the agent says)
         self._observing = False  # the current step is observed (layer hooks compute)
-        self._due = False
-        self._force = False  # the next step is observed: a check found NaN, or a request
+        self._plan = Plan(False, False, ())
         self._acts: list[tuple[int, stats.Row]] = []
         self._keep: set[int] = set()  # layers whose output a request wants this step
         self._kept: dict[int, torch.Tensor] = {}
@@ -100,29 +88,10 @@ class Watcher:
         self._in_step = False  # a forward ran since the last step ended
         self._stepper: weakref.ref[torch.optim.Optimizer] | None = None
         self._owned: dict[int, bool] = {}
-        self._requests: collections.deque[ProbeRequest] = collections.deque()
-        self._active: list[ProbeRequest] = []
-        self._tries: dict[int, int] = {}  # steps an activation request has waited
         self._broken = False
         self._handles: list[Any] = []
-        # time.monotonic() at the last step's end, and what that step took: a release
-        # waits for the next step when one is due soon (devbox.probe.release).
-        self.last_step = 0.0
-        self.step_seconds = 0.0
-        self._last_frame = 0.0  # time.monotonic() of the last report or heartbeat
-        self.link = Link(
-            hello={
-                "pid": os.getpid(),
-                "cmd": " ".join(sys.argv)[:200],
-                "layers": self.names,
-                "every": every,
-            },
-            on_frame=self._on_frame,
-            **({"find": find_socket} if find_socket is not None else {}),
-        )
         self._hook()
-        self.link.start()
-        release.steppers.add(self)
+        self.start()
 
     # --- hooks ------------------------------------------------------------------------
 
@@ -181,15 +150,9 @@ class Watcher:
         if self._in_step and self._stepper is None:
             self._end_step()  # no optimizer: a forward pass is a step
         self._in_step = True
-        connected = self.link.connected
-        self._due = self.step % self.every == 0
-        while self._requests:
-            self._active.append(self._requests.popleft())
-        self._keep = {self._index[r["layer"]] for r in self._active if r["tensor"] == "activation"}
-        self._observing = connected and (
-            (self.watching and self._due) or self._force or bool(self._active)
-        )
-        self._force = False
+        self._plan = self.plan()
+        self._keep = {self._index[n] for n in self._plan.wants("activation")}
+        self._observing = self._plan.observe
         self._acts, self._kept = [], {}
 
     def _check_output(self, out: Any) -> None:
@@ -198,19 +161,17 @@ class Watcher:
         born in the backward pass does at the next step, through the weights). One small
         reduction; on a GPU the link thread reads the answer, on the CPU (where reading
         is free) the training thread does, and the link hears only of a bad one."""
-        if self._observing or not self.model.training or not self.link.connected:
-            return
-        if not (self.watching or self._due):
+        if not self._plan.check or not self.model.training:
             return
         if not isinstance(out, torch.Tensor):
             out = next((o for o in _flat(out) if isinstance(o, torch.Tensor)), None)
         if out is not None and out.is_floating_point():
             total = out.detach().sum(dtype=torch.float32)
             if total.device.type != "cpu":
-                self._submit_check(to_host(total.reshape(1)), self.step)
+                self.submit_check(self.step, to_host(total.reshape(1)))
             elif not math.isfinite(total.item()):  # on the CPU reading it is free
-                self._force = True
-                self._submit_check(lambda: [math.nan], self.step)
+                self.force = True
+                self.submit_check(self.step, lambda: math.nan)
 
     def _owns(self, optimizer: torch.optim.Optimizer) -> bool:
         key = id(optimizer)
@@ -272,28 +233,17 @@ class Watcher:
         self._end_step()
 
     def _end_step(self) -> None:
-        now = time.monotonic()  # the one clock read of a step
-        if self.last_step:
-            self.step_seconds = now - self.last_step
-        self.last_step = now
-        self._report_step(now)
-        if release.pending is not None:  # one attribute read while no save waits
-            release.at_step()  # after optimizer.step: the weights are whole
-
-    def _report_step(self, now: float) -> None:
-        step = self.step
-        self.step += 1
         self._in_step = False
-        if not self._observing:
-            beat = (self._due and not self.watching) or now - self._last_frame > STEP_BEAT
-            if beat and self.link.connected:
-                self._last_frame = now
-                self._submit_heartbeat(step)
-            return
+        observed = self._observing
+        if observed:
+            self._report(self.step)
+        self.step_ended(observed=observed)
+
+    def _report(self, step: int) -> None:
         self._observing = False
         device = self._device()
         layers = len(self.names)
-        act = torch.full((layers, stats.ACT), math.nan, device=device)
+        act = torch.full((layers, reporting.ACT), math.nan, device=device)
         if self._acts:
             rows = self._const("owner", tuple(i for i, _ in self._acts), torch.long)
             values = [v for _, v in self._acts]
@@ -303,14 +253,13 @@ class Watcher:
                 act[rows] = torch.stack([torch.as_tensor(v).to(device) for v in values])
         part = self._params_part
         if part is None:
-            part = torch.full((layers, len(stats.PARAM_COLUMNS)), math.nan, device=device)
+            part = torch.full((layers, len(reporting.PARAM_COLUMNS)), math.nan, device=device)
             part[:, 1] = 0.0
         matrix = torch.cat([act, part], 1)
         self._params_part, self._acts = None, []
         self._answer_activation_requests(step)
-        self._last_frame = now
-        self._submit_report(step, to_host(matrix))
-        self._answer_leftover_requests(step)
+        self.submit_report(step, to_host(matrix))
+        self._answer_leftover_requests()
 
     def _sample_indices(self, params: list[torch.Tensor]) -> list[torch.Tensor | None]:
         """stats.sample_indices of each parameter, made once (again if the model moved)."""
@@ -339,110 +288,40 @@ class Watcher:
             return p.device
         return torch.device("cpu")
 
-    # --- what the link thread runs ----------------------------------------------------
-
-    def _submit_report(self, step: int, matrix: Host) -> None:
-        names, limits, pid = list(self.names), self.thresholds, os.getpid()
-
-        def job() -> list[bytes]:
-            layers = stats.rows(names, matrix())
-            raised = alert_policy.evaluate(layers, step=step, limits=limits)
-            return [
-                protocol.encode(
-                    protocol.PROBE_STATS,
-                    pid=pid,
-                    step=step,
-                    t=time.time(),
-                    watched=True,
-                    layers=layers,
-                    alerts=raised,
-                )
-            ]
-
-        self.link.submit(job)
-
-    def _submit_check(self, total: Host, step: int) -> None:
-        def job() -> list[bytes]:
-            (value,) = total()
-            if math.isfinite(value):
-                return []
-            self._force = True  # the next step says which layer
-            return [self._stats_frame(step, [alert_policy.nonfinite_output(step=step)])]
-
-        self.link.submit(job)
-
-    def _submit_heartbeat(self, step: int) -> None:
-        # Nobody watches: no statistics, but the agent hears that training goes on.
-        self.link.submit(lambda: [self._stats_frame(step, [])])
-
-    def _stats_frame(self, step: int, raised: list[ProbeAlert]) -> bytes:
-        return protocol.encode(
-            protocol.PROBE_STATS,
-            pid=os.getpid(),
-            step=step,
-            t=time.time(),
-            watched=False,
-            layers=[],
-            alerts=raised,
-        )
-
-    def _on_frame(self, frame: protocol.Frame) -> None:
-        """On the link thread: the agent's control and request frames (a "stacks" request
-        never comes here: the link answers it itself)."""
-        if frame.type == protocol.PROBE_CONTROL:
-            self.watching = bool(frame.body.get("watching"))
-        elif frame.type == protocol.PROBE_REQUEST:
-            try:
-                request = protocol.probe_request(frame)
-            except protocol.ProtocolError as exc:
-                # Answered all the same: the asker waits for its id, not for a timeout.
-                self.link.submit(replies.error(frame.body.get("id", 0), self.step, exc.message))
-                return
-            error = replies.check(request, self.names)
-            if error is None:
-                self._requests.append(request)
-                return
-            self.link.submit(replies.error(request["id"], self.step, error))
-
     # --- requests ---------------------------------------------------------------------
 
     def _answer_parameter_requests(self) -> None:
-        for r in [r for r in self._active if r["tensor"] != "activation"]:
+        for r in [r for r in self.active if r["tensor"] != "activation"]:
             params = self._layer_params[self._index[r["layer"]]]
             if r["tensor"] == "gradient":
                 parts = [p.grad.detach().flatten() for p in params if p.grad is not None]
             else:
                 parts = [p.detach().flatten() for p in params]
-            self._active.remove(r)
+            self.answered(r)
             if not parts:
                 self._reply_error(r, f"layer {r['layer']} has no {r['tensor']} now")
             else:
                 self._answer(r, torch.cat(parts), self.step)
 
     def _answer_activation_requests(self, step: int) -> None:
-        for r in [r for r in self._active if r["tensor"] == "activation"]:
+        for r in [r for r in self.active if r["tensor"] == "activation"]:
             x = self._kept.get(self._index[r["layer"]])
             if x is not None:
-                self._active.remove(r)
+                self.answered(r)
                 self._answer(r, x, step)
         self._kept, self._keep = {}, set()
 
-    def _answer_leftover_requests(self, step: int) -> None:
+    def _answer_leftover_requests(self) -> None:
         # Without an optimizer step, parameter requests are answered at the step's end.
         if self._stepper is None:
             self._answer_parameter_requests()
-        for r in [r for r in self._active if r["tensor"] == "activation"]:
-            self._tries[r["id"]] = tries = self._tries.get(r["id"], 0) + 1
-            if tries > 3:
-                self._active.remove(r)
-                del self._tries[r["id"]]
-                self._reply_error(r, f"layer {r['layer']} did not run in the last 3 steps")
+        self.expire()
 
     def _reply_error(self, r: ProbeRequest, message: str) -> None:
-        self.link.submit(replies.error(r["id"], self.step, message))
+        self.reply_error(r, message)
 
     def _answer(self, r: ProbeRequest, x: torch.Tensor, step: int) -> None:
-        self.link.submit(replies.answer(r, x, step))
+        self.submit(replies.answer(r, x, step))
 
     # --- the end ----------------------------------------------------------------------
 
@@ -453,8 +332,7 @@ class Watcher:
         self._handles.clear()
         self._observing = False
         self._samples, self._scratch = [], stats.Scratch()
-        release.steppers.discard(self)
-        self.link.close()
+        super().close()
 
 
 def _flat(out: Any) -> list[Any]:

@@ -16,7 +16,7 @@ from typing import Any, cast
 import pytest
 
 from devbox import protocol
-from devbox.probe import alerts
+from devbox.probe import alerts, reporting
 from devbox.protocol import LayerStats
 from tests.conftest import REPO
 from tests.probe import require_torch
@@ -132,9 +132,9 @@ def test_per_layer_norms_and_wire_rows() -> None:
     assert norms[0].item() == pytest.approx(math.sqrt(12 + 4))
     assert math.isnan(norms[1].item()) and bad.tolist() == [0.0, 1.0, 0.0]
     assert norms[2].item() == 0.0
-    row = [math.nan] * len(stats.COLUMNS)
-    row[stats.COLUMNS.index("act_nan")] = 4.0
-    (record,) = stats.rows(["x"], [row])
+    row = [math.nan] * len(reporting.COLUMNS)
+    row[reporting.COLUMNS.index("act_nan")] = 4.0
+    (record,) = reporting.rows(["x"], [row])
     assert record["act_mean"] is None and record["act_nan"] == 4 and record["grad_nan"] == 0
 
 
@@ -332,9 +332,8 @@ def test_an_unwatched_process_beats_after_a_quiet_while(
     import torch
 
     from devbox import probe
-    from devbox.probe import watcher as watcher_module
 
-    monkeypatch.setattr(watcher_module, "STEP_BEAT", 0.3)
+    monkeypatch.setattr(reporting, "STEP_BEAT", 0.3)
     path = str(short_tmp / "p.sock")
     server = _server(path)
     model = torch.nn.Sequential(torch.nn.Linear(4, 2))
