@@ -204,7 +204,7 @@ PROBE_POINTER_FILE = ".devbox/probe-socket"  # under the box's home: the socket'
 # The pointer file's path, in every session: a local box's sessions keep the user's $HOME,
 # not the box's, and an agent restarted since the session began listens somewhere new.
 PROBE_POINTER_ENV = "DEVBOX_PROBE_POINTER"
-PROBE_HELLO = "probe-hello"  # body: pid, cmd, layers (list[str]), every
+PROBE_HELLO = "probe-hello"  # body: pid, cmd, layers (list[str]), every, framework
 PROBE_STATS = "probe-stats"  # body: one ProbeStats
 PROBE_CONTROL = "probe-control"  # body: watching (bool)
 PROBE_SUBSCRIBE = "probe-subscribe"  # body: nothing yet

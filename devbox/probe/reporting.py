@@ -1,6 +1,7 @@
-"""What every framework's probe shares, so PyTorch, Keras and JAX send one wire format and
-`devbox probe` has one view of them all: the columns of a report, the link to the agent,
-who watches, which step is observed, the queued requests, and the frames themselves.
+"""What every framework's probe shares, so each (PyTorch today; Keras 3 and Flax NNX are
+issue 21's next step) sends one wire format and `devbox probe` has one view of them all:
+the columns of a report, the link to the agent, who watches, which step is observed, the
+queued requests, and the frames themselves.
 
 A framework's watcher subclasses StepReporter and does only the tensor work: at a step's
 start it asks `plan()` what this step must do; it computes the statistics on its own
