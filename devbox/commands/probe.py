@@ -184,4 +184,4 @@ def _follow(box: Box, args: argparse.Namespace, *, watch: bool) -> Callable[[pro
 def _what(process: dict[str, Any]) -> str:
     """The command line, and the framework its probe hooks ("torch", "keras/jax", ...)."""
     cmd, framework = str(process.get("cmd", "")), str(process.get("framework", ""))
-    return f"{cmd}  [{framework}]" if framework else cmd
+    return f"[{framework}] {cmd}" if framework else cmd  # first: a long command is cut

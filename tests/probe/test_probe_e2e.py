@@ -128,6 +128,7 @@ def test_the_statistics_received_match_a_direct_computation(user: User, trainers
 
     text = user.devbox("probe", "train", "--pid", str(first.pid), check=True).stdout.decode()
     assert f"pid {first.pid}" in text and "GRAD NORM" in text and "UPDATE/W" in text
+    assert "train.py" in text and "[torch]" in text  # the command, and what the probe hooks
     assert "\n0 " in text or "\n0  " in text  # the first layer's row
     (row,) = [r for r in user.devbox("ls", check=True).stdout.decode().splitlines()[1:]]
     assert row.split()[-1] == "-"  # no alerts
