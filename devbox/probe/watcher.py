@@ -299,7 +299,7 @@ class Watcher(StepReporter):
                 parts = [p.detach().flatten() for p in params]
             self.answered(r)
             if not parts:
-                self._reply_error(r, f"layer {r['layer']} has no {r['tensor']} now")
+                self.reply_error(r, f"layer {r['layer']} has no {r['tensor']} now")
             else:
                 self._answer(r, torch.cat(parts), self.step)
 
@@ -316,9 +316,6 @@ class Watcher(StepReporter):
         if self._stepper is None:
             self._answer_parameter_requests()
         self.expire()
-
-    def _reply_error(self, r: ProbeRequest, message: str) -> None:
-        self.reply_error(r, message)
 
     def _answer(self, r: ProbeRequest, x: torch.Tensor, step: int) -> None:
         self.submit(replies.answer(r, x, step))
