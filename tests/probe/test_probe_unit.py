@@ -296,9 +296,10 @@ def test_a_malformed_request_is_answered_with_what_is_wrong(short_tmp: Path) -> 
     server.close()
 
 
-def test_without_torch_the_probe_says_it_needs_torch() -> None:
+def test_without_any_framework_the_probe_names_the_ones_it_hooks() -> None:
     code = (
-        "import sys; sys.modules['torch'] = None\n"
+        "import sys\n"
+        "for m in ('torch', 'keras', 'flax'): sys.modules[m] = None\n"
         "import devbox.probe as p\n"
         "try:\n    p.watch(object())\nexcept p.ProbeUnavailable as e:\n    print(e)\n"
     )
@@ -306,8 +307,24 @@ def test_without_torch_the_probe_says_it_needs_torch() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO
     )
     assert out.stdout.strip() == (
-        "devbox.probe needs PyTorch in this Python environment (pip install torch)"
+        "devbox.probe needs PyTorch, Keras 3 or Flax NNX in this Python environment "
+        "(none is installed)"
     )
+
+
+def test_a_model_of_no_framework_is_refused_by_name() -> None:
+    require_torch()
+    import torch
+
+    from devbox import probe
+
+    class Net:
+        pass
+
+    with pytest.raises(TypeError, match="a Flax NNX module, not Net"):
+        probe.watch(Net())
+    with pytest.raises(ValueError, match="every must be a whole number >= 1, not 0"):
+        probe.watch(torch.nn.Linear(2, 2), every=0)
 
 
 def test_importing_the_probe_does_not_import_torch() -> None:
