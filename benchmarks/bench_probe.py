@@ -23,60 +23,23 @@ the clock only. Prints JSON: ms per step for each variant, overheads, probe/wand
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import shutil
-import socket
 import statistics
-import tempfile
-import threading
+import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
 
-from devbox import probe, protocol
+if not __package__:
+    # Run as a file: the repo's root on the path, as under `python -m` (see bench_throughput).
+    sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-
-@contextlib.contextmanager
-def sink() -> Iterator[str]:
-    """A stand-in for the agent's hub: says somebody watches, reads and drops every frame."""
-    folder = tempfile.mkdtemp(prefix="dbx-bench-")
-    path = os.path.join(folder, "probe.sock")
-    server = socket.socket(socket.AF_UNIX)
-    server.bind(path)
-    server.listen()
-    stop = threading.Event()
-
-    def serve() -> None:
-        server.settimeout(0.2)
-        conns: list[socket.socket] = []
-        while not stop.is_set():
-            with contextlib.suppress(TimeoutError):
-                conn, _ = server.accept()
-                conn.sendall(protocol.encode(protocol.PROBE_CONTROL, watching=True))
-                conns.append(conn)
-                threading.Thread(target=_drain, args=(conn,), daemon=True).start()
-        for conn in conns:
-            conn.close()
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    try:
-        yield path
-    finally:
-        stop.set()
-        thread.join()
-        server.close()
-        shutil.rmtree(folder, ignore_errors=True)
-
-
-def _drain(conn: socket.socket) -> None:
-    with contextlib.suppress(OSError):
-        while conn.recv(1 << 16):
-            pass
+from benchmarks.harness import probe_sink, wait_connected
+from devbox import probe
 
 
 def make_model(width: int, depth: int, device: str) -> torch.nn.Module:
@@ -112,14 +75,6 @@ class Loop:
         return [self.step() for _ in range(n)]
 
 
-def _wait_connected(watcher: Any) -> None:
-    deadline = time.monotonic() + 10
-    while not (watcher.link.connected and watcher.watching):
-        if time.monotonic() > deadline:
-            raise SystemExit("the probe did not connect to the benchmark's sink")
-        time.sleep(0.01)
-
-
 def measure(args: argparse.Namespace, path: str) -> dict[str, Any]:
     import wandb
 
@@ -143,7 +98,7 @@ def measure(args: argparse.Namespace, path: str) -> dict[str, Any]:
         n = int(variant.rsplit("_", 1)[1]) if variant != "none" else 0
         if variant.startswith("probe"):
             watchers[variant] = probe.watch(loops[variant].model, every=n, find_socket=lambda: path)
-            _wait_connected(watchers[variant])
+            wait_connected(watchers[variant])
         elif variant.startswith("wandb"):
             wandb.watch(loops[variant].model, log="all", log_freq=n)
     for loop in loops.values():
@@ -223,7 +178,7 @@ def compiled(args: argparse.Namespace, path: str) -> dict[str, Any]:
     model = make_model(args.width, args.depth, args.device)
     loop = Loop(model, batch=args.batch, width=args.width, device=args.device)
     watcher = probe.watch(model, every=args.compile_every, find_socket=lambda: path)
-    _wait_connected(watcher)
+    wait_connected(watcher)
     loop.run = torch.compile(model)
     loop.steps(2 * args.compile_every)  # warm-up: observed and unobserved steps
     graphs, recompiles = counters["stats"]["unique_graphs"], sum(counters["recompiles"].values())
@@ -262,7 +217,7 @@ def main() -> None:
     # and other users of a shared machine do not stretch it.
     torch.set_num_threads(1)
     clock = args.clock or ("wall" if args.device == "cuda" else "cpu")
-    with sink() as path:
+    with probe_sink() as path:
         result: dict[str, Any] = {
             "device": args.device,
             "torch": torch.__version__,

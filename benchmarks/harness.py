@@ -13,10 +13,14 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from devbox import protocol
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -170,3 +174,50 @@ def summary(samples: list[float]) -> dict[str, float]:
 
 def emit(result: dict[str, object]) -> None:
     print(json.dumps(result, indent=1))
+
+
+@contextlib.contextmanager
+def probe_sink() -> Iterator[str]:
+    """A stand-in for the agent's hub: says somebody watches, reads and drops every frame."""
+    folder = tempfile.mkdtemp(prefix="dbx-bench-")
+    path = os.path.join(folder, "probe.sock")
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(path)
+    server.listen()
+    stop = threading.Event()
+
+    def serve() -> None:
+        server.settimeout(0.2)
+        conns: list[socket.socket] = []
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                conn, _ = server.accept()
+                conn.sendall(protocol.encode(protocol.PROBE_CONTROL, watching=True))
+                conns.append(conn)
+                threading.Thread(target=_drain, args=(conn,), daemon=True).start()
+        for conn in conns:
+            conn.close()
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        yield path
+    finally:
+        stop.set()
+        thread.join()
+        server.close()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _drain(conn: socket.socket) -> None:
+    with contextlib.suppress(OSError):
+        while conn.recv(1 << 16):
+            pass
+
+
+def wait_connected(watcher: Any) -> None:
+    deadline = time.monotonic() + 10
+    while not (watcher.link.connected and watcher.watching):
+        if time.monotonic() > deadline:
+            raise SystemExit("the probe did not connect to the benchmark's sink")
+        time.sleep(0.01)
