@@ -166,3 +166,23 @@ def test_real_node_benchmark() -> None:
     assert claim["cold_s"]["n"] == claim["warm_s"]["n"] == 1
     assert claim["warm_over_cold"] > 0 and result["throughput_ratio"] > 0
     assert set(result["throughput_MiBps"]) == {"devbox_port_forward", "kubectl_port_forward"}
+
+
+def test_frameworks_benchmark(tmp_path: Path) -> None:
+    """Each framework's probe and its TensorBoard peer run in the same benchmark; the
+    tensorboard logs go with it."""
+    args = ("--windows", "1", "--warmup", "1", "--every", "2", "--width", "16", "--depth", "1")
+    result = _run("bench_frameworks.py", *args, "--batch", "8", tmp=tmp_path)
+    assert set(result["frameworks"]) == {"torch", "nnx", "keras-jax", "keras-torch"}
+    for measured in result["frameworks"].values():
+        assert set(measured["ms_per_step_median_of_windows"]) == {
+            "none",
+            "probe_every_2",
+            "probe_every_1",
+            "tensorboard_every_2",
+            "tensorboard_every_1",
+        }
+        assert all(v > 0 for v in measured["ms_per_step_median_of_windows"].values())
+        assert set(measured["probe_over_tensorboard"]) == {"every_2", "every_1"}
+    assert len(result["met"]) == 8
+    assert list(tmp_path.iterdir()) == []
