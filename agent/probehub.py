@@ -177,6 +177,10 @@ class ProbeHub:
                 framework=str(body.get("framework", ""))[:40],
             )
             self.processes[link.key] = link
+            if link.layers:  # the subscribers learn of it as of those in their HELLO
+                joined = protocol.encode(protocol.PROBE_HELLO, **link.info())
+                for sub in self._subs:
+                    sub.notify(joined)
             writer.write(protocol.encode(protocol.PROBE_CONTROL, watching=bool(self._subs)))
             while line := await reader.readline():
                 if not line.endswith(b"\n"):

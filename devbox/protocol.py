@@ -194,7 +194,8 @@ class Sample(TypedDict):
 #     watching) and PROBE_REQUEST frames, which it answers with PROBE_REPLY;
 #  2. a client opens the SSH subsystem PROBE_SUBSYSTEM and sends PROBE_SUBSCRIBE; the agent
 #     answers HELLO (with the processes), then the newest PROBE_STATS of each process and
-#     each one after (a slow reader skips to the newest), PROBE_GONE when a process ends;
+#     each one after (a slow reader skips to the newest), a process's PROBE_HELLO when it
+#     connects after the subscription, PROBE_GONE when a process ends;
 #     the client may send PROBE_REQUEST frames, each answered by a PROBE_REPLY with its id.
 # A float that is NaN or infinite travels as null; the nan/inf counts say why.
 PROBE_SUBSYSTEM = "devbox-probe"

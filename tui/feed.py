@@ -26,6 +26,7 @@ from devbox.backends.base import Backend
 from devbox.boxes import Box, BoxSpec
 from devbox.protocol import LayerStats, ProbeAlert, ProbeRequest, ProbeStats, Sample, SaveResult
 from devbox.runs.record import Run
+from devbox.views import probe as probe_view
 
 # Seconds of 1 Hz history kept per box for sparklines and charts (the agent keeps 600).
 HISTORY_POINTS = 120
@@ -75,8 +76,8 @@ class Feed(Protocol):
     def probe(
         self, box: Box, *, outbox: asyncio.Queue[ProbeRequest]
     ) -> AsyncIterator[protocol.Frame]:
-        """The box's devbox.probe stream (HELLO, PROBE_STATS, PROBE_REPLY, PROBE_GONE);
-        requests put in `outbox` go up the same stream."""
+        """The box's devbox.probe stream (HELLO, PROBE_HELLO, PROBE_STATS, PROBE_REPLY,
+        PROBE_GONE); requests put in `outbox` go up the same stream."""
         ...
 
 
@@ -238,7 +239,7 @@ class BoxView:
 class ModelView:
     """What the UI knows about the models training in one box (devbox.probe)."""
 
-    processes: dict[int, str] = field(default_factory=dict)  # pid -> command line
+    processes: dict[int, str] = field(default_factory=dict)  # pid -> [framework] command
     stats: dict[int, ProbeStats] = field(default_factory=dict)  # newest report per pid
     # Per (pid, layer): gradient norms of recent reports, for the table's sparklines.
     grad_history: dict[tuple[int, str], collections.deque[float]] = field(default_factory=dict)
@@ -255,8 +256,11 @@ class ModelView:
         if frame.type == protocol.HELLO:
             for p in body.get("processes") or []:
                 if p.get("layers", True):  # not a release-only link (probe.on_release): no model
-                    self.processes[int(p.get("pid", 0))] = str(p.get("cmd", ""))
+                    self.processes[int(p.get("pid", 0))] = probe_view.process_label(p)
             self.alerts = list(body.get("alerts") or [])
+        elif frame.type == protocol.PROBE_HELLO:  # a process that connected since
+            if body.get("layers"):
+                self.processes[int(body.get("pid", 0))] = probe_view.process_label(body)
         elif frame.type == protocol.PROBE_STATS:
             pid = int(body.get("pid", 0))
             self.processes.setdefault(pid, "")

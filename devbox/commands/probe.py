@@ -150,8 +150,12 @@ def _follow(box: Box, args: argparse.Namespace, *, watch: bool) -> Callable[[pro
                     if not which
                     else f"box {box.name}: no probed {which}"
                 )
-            commands.update({int(p.get("pid", 0)): _what(p) for p in processes})
+            commands.update({int(p.get("pid", 0)): probe_view.process_label(p) for p in processes})
             waiting.update(commands)
+            return True
+        if frame.type == protocol.PROBE_HELLO and _models([body]):
+            # A process that connected since (`--watch`): named from its first report on.
+            commands[int(body.get("pid", 0))] = probe_view.process_label(body)
             return True
         if frame.type != protocol.PROBE_STATS:
             return True
@@ -179,9 +183,3 @@ def _follow(box: Box, args: argparse.Namespace, *, watch: bool) -> Callable[[pro
         return bool(waiting)
 
     return show
-
-
-def _what(process: dict[str, Any]) -> str:
-    """The command line, and the framework its probe hooks ("torch", "keras/jax", ...)."""
-    cmd, framework = str(process.get("cmd", "")), str(process.get("framework", ""))
-    return f"[{framework}] {cmd}" if framework else cmd  # first: a long command is cut

@@ -20,7 +20,13 @@ from devbox.ssh._asyncssh import asyncssh
 from devbox.ssh.client import session
 
 WINDOW = 256 * 1024  # as telemetry: a slow reader is felt at once and skips to the newest
-_KINDS = (protocol.HELLO, protocol.PROBE_STATS, protocol.PROBE_REPLY, protocol.PROBE_GONE)
+_KINDS = (
+    protocol.HELLO,
+    protocol.PROBE_HELLO,
+    protocol.PROBE_STATS,
+    protocol.PROBE_REPLY,
+    protocol.PROBE_GONE,
+)
 
 
 async def frames(
@@ -30,9 +36,9 @@ async def frames(
     requests: Sequence[ProbeRequest] = (),
     outbox: asyncio.Queue[ProbeRequest] | None = None,
 ) -> AsyncGenerator[protocol.Frame, None]:
-    """HELLO, then PROBE_STATS / PROBE_REPLY / PROBE_GONE frames until the agent ends the
-    stream; an ERROR frame raises. `requests` go up at once, `outbox` ones as they come.
-    A lost connection raises a DevboxError (callers need not know asyncssh)."""
+    """HELLO, then PROBE_HELLO / PROBE_STATS / PROBE_REPLY / PROBE_GONE frames until the
+    agent ends the stream; an ERROR frame raises. `requests` go up at once, `outbox` ones
+    as they come. A lost connection raises a DevboxError (callers need not know asyncssh)."""
     with frames_mod.lost_as_error(box, what="probe"):
         process = await conn.create_process(
             subsystem=protocol.PROBE_SUBSYSTEM, encoding=None, window=WINDOW

@@ -20,6 +20,13 @@ def num(value: float | None) -> str:
     return f"{value:.3g}" if 1e-3 <= abs(value) < 1e4 else f"{value:.2e}"
 
 
+def process_label(process: dict[str, Any]) -> str:
+    """A probed process as the views name it: the framework its probe hooks ("torch",
+    "keras/jax", "jax"), then its command line (the framework first: a long command is cut)."""
+    cmd, framework = str(process.get("cmd", "")), str(process.get("framework", ""))
+    return f"[{framework}] {cmd}" if framework else cmd
+
+
 def frac(value: float | None) -> str:
     return MISSING if value is None else f"{value:.0%}"
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from textual.widgets import DataTable
+from textual.widgets import DataTable, Static
 
 from devbox.backends.local import LocalBackend
 from devbox.config import Config
@@ -49,6 +49,10 @@ async def test_the_model_screen_shows_a_real_training_run(as_user: User) -> None
             models = app.store.models
             await until(lambda: pid in models.get("tuiprobe", _NONE).stats, timeout=60)
             report = models["tuiprobe"].stats[pid]
+            # The summary names what the probe hooks, then the command.
+            summary = app.screen.query_one("#model-summary", Static)
+            await until(lambda: f"pid {pid} step" in str(summary.render()))
+            assert "[torch] " in str(summary.render())
             await until(lambda: report["step"] in _steps(ref), timeout=30)
             want = _steps(ref)[report["step"]]["layers"]
             for stats in report["layers"]:

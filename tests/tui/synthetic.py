@@ -231,7 +231,13 @@ class SyntheticFeed:
         histogram request answered by the next report."""
         pid = 4242
         layers = [f"layer{i}" for i in range(LAYERS)]
-        info = {"pid": pid, "cmd": "python train.py", "layers": layers, "every": 10}
+        info = {
+            "pid": pid,
+            "cmd": "python train.py",
+            "layers": layers,
+            "every": 10,
+            "framework": "torch",
+        }
         yield protocol.Frame(protocol.HELLO, {"box": box.name, "processes": [info], "alerts": []})
         step = 0
         while True:

@@ -9,6 +9,7 @@ from typing import ClassVar
 
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
+from textual.markup import escape
 from textual.widgets import DataTable, Footer, Header, Label, Static
 
 from devbox.views.probe import HEAD, layer_cells, num
@@ -77,7 +78,12 @@ class ModelScreen(AppScreen):
         if model is None:
             summary.update(f"[b]{self.box_name}[/b]  probe: connecting")
             return
-        steps = ", ".join(f"pid {pid} step {s['step']}" for pid, s in sorted(model.stats.items()))
+        # Each process with what its probe hooks and runs ("[keras/jax] python train.py"),
+        # escaped: the label's brackets are not markup.
+        steps = ", ".join(
+            f"pid {pid} step {s['step']} {escape(model.processes.get(pid, '')[:48])}".rstrip()
+            for pid, s in sorted(model.stats.items())
+        )
         waiting = "" if model.processes else "  no training process uses devbox.probe yet"
         summary.update(f"[b]{self.box_name}[/b]  probe: {model.link}  {steps}{waiting}")
         self._layers(model)
