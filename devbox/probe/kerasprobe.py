@@ -65,7 +65,9 @@ def select(model: Any, layers: Sequence[str] | None) -> list[tuple[str, Any]]:
     if layers is None:
         chosen = [(n, layer) for n, layer in named if not isinstance(layer, keras.Model)]
     else:
-        chosen = [(n, layer) for n, layer in named if any(fnmatch.fnmatchcase(n, p) for p in layers)]
+        chosen = [
+            (n, layer) for n, layer in named if any(fnmatch.fnmatchcase(n, p) for p in layers)
+        ]
     if not chosen:
         known = ", ".join(n for n, _ in named[:20]) or "none"
         raise ValueError(f"devbox.probe: no layer matches {list(layers or [])} (layers: {known})")
@@ -100,7 +102,7 @@ class _Captured:
         self.kept: dict[int, Any] = {}
 
 
-class KerasWatcher(keras.callbacks.Callback, StepReporter):  # type: ignore[misc]
+class KerasWatcher(keras.callbacks.Callback, StepReporter):
     def __init__(
         self,
         model: Any,
@@ -122,9 +124,11 @@ class KerasWatcher(keras.callbacks.Callback, StepReporter):  # type: ignore[misc
             framework=f"keras/{self.backend}",
             find_socket=find_socket,
         )
-        self._observe = {"jax": self._observed_jax, "torch": self._observed_torch}.get(
-            self.backend
-        )
+        observers: dict[str, Callable[..., Any]] = {
+            "jax": self._observed_jax,
+            "torch": self._observed_torch,
+        }
+        self._observe = observers.get(self.backend)
         if self._observe is None:
             log.warning(
                 "devbox.probe: Keras on %s: per-layer statistics are for the jax and torch "
@@ -169,11 +173,11 @@ class KerasWatcher(keras.callbacks.Callback, StepReporter):  # type: ignore[misc
 
     def _train_begins(self) -> None:
         current = self.net.train_function
-        if current is not self._normal and current is not self._checking:
-            if current is not None and not getattr(current, "_devbox_probe", False):
-                self._normal = current
-                self._checking = self._make_checking(current)
-                self._compiled.clear()  # a new compile: maybe a new optimizer or loss
+        ours = current is self._normal or getattr(current, "_devbox_probe", False)
+        if current is not None and not ours:
+            self._normal = current
+            self._checking = self._make_checking(current)
+            self._compiled.clear()  # a new compile: maybe a new optimizer or loss
         self._in_step = False
 
     def _batch_begins(self) -> None:
@@ -184,16 +188,23 @@ class KerasWatcher(keras.callbacks.Callback, StepReporter):  # type: ignore[misc
             fn = self._make_observed(plan)
         elif plan.observe or plan.check:
             fn = self._checking
+            self._refuse(plan)
         else:
             fn = self._normal
         if self.net.train_function is not fn:
             self.net.train_function = fn
         self._in_step = True
 
+    def _refuse(self, plan: Plan) -> None:
+        """Requests on a backend without the observed step: answered, not kept for ever."""
+        for r in plan.requests:
+            self.answered(r)
+            self.reply_error(r, f"keras/{self.backend}: requests need the jax or torch backend")
+
     def _restore(self) -> None:
-        if self._normal is not None and getattr(self.net, "train_function", None) is not None:
-            if getattr(self.net.train_function, "_devbox_probe", False):
-                self.net.train_function = self._normal
+        current = getattr(self.net, "train_function", None)
+        if self._normal is not None and getattr(current, "_devbox_probe", False):
+            self.net.train_function = self._normal
 
     # --- a step's end -----------------------------------------------------------------
 
@@ -265,10 +276,8 @@ class KerasWatcher(keras.callbacks.Callback, StepReporter):  # type: ignore[misc
             return self._normal(state, itertools.chain([data], iterator))
         rest = self.net.steps_per_execution - 1
         if rest > 0:  # the execution's other batches, by Keras's own step
-            try:
+            with contextlib.suppress(StopIteration):  # the data ended within the execution
                 logs, state = self._normal(state, itertools.islice(iterator, rest))
-            except StopIteration:
-                pass  # the data ended within the execution
         return logs, state
 
     def _jax_step(self, wants: Wants) -> Any:
@@ -342,7 +351,9 @@ class KerasWatcher(keras.callbacks.Callback, StepReporter):  # type: ignore[misc
         with self._capture(keep) as seen:
             y_pred = net(x, training=True) if net._call_has_training_arg else net(x)
         net.zero_grad()
-        loss = net._compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
+        loss = net._compute_loss(
+            x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True
+        )
         batch = next(i for i in keras.tree.flatten(x) if i is not None).shape[0]
         net._loss_tracker.update_state(loss, sample_weight=batch)
         if net.optimizer is not None:
@@ -409,7 +420,13 @@ class KerasWatcher(keras.callbacks.Callback, StepReporter):  # type: ignore[misc
         owners = self._owners()
         owned = sorted({j for idx in owners for j in idx})
         has_grad = {j for j in owned if j < len(grads) and grads[j] is not None}
-        grad_sq = dict(zip(sorted(has_grad), kerasstats.squares([grads[j] for j in sorted(has_grad)]), strict=True))
+        grad_sq = dict(
+            zip(
+                sorted(has_grad),
+                kerasstats.squares([grads[j] for j in sorted(has_grad)]),
+                strict=True,
+            )
+        )
         weight_sq = dict(zip(owned, kerasstats.squares([before[j] for j in owned]), strict=True))
         moved = [ops.subtract(after[j], before[j]) for j in owned]
         moved_sq = dict(zip(owned, kerasstats.squares(moved), strict=True))
@@ -417,7 +434,9 @@ class KerasWatcher(keras.callbacks.Callback, StepReporter):  # type: ignore[misc
         for i, idx in enumerate(owners):
             act = rows.get(i)
             act = kerasstats.missing_activation() if act is None else act
-            grad_norm, grad_bad = kerasstats.norm_and_bad([grad_sq[j] for j in idx if j in has_grad])
+            grad_norm, grad_bad = kerasstats.norm_and_bad(
+                [grad_sq[j] for j in idx if j in has_grad]
+            )
             weight_norm, _ = kerasstats.norm_and_bad([weight_sq[j] for j in idx])
             moved_norm, _ = kerasstats.norm_and_bad([moved_sq[j] for j in idx])
             params = ops.stack([grad_norm, grad_bad, weight_norm, moved_norm / weight_norm])

@@ -75,12 +75,13 @@ def _fit(model: Any, x: Any, y: Any, callbacks: list[Any]) -> None:
     model.fit(x, y, batch_size=BATCH, epochs=1, shuffle=False, verbose=0, callbacks=callbacks)
 
 
-class Kinds(keras.callbacks.Callback):  # type: ignore[misc]
+class Kinds(keras.callbacks.Callback):
     """Which train function each step ran: Keras's own, or one of the probe's."""
 
     def __init__(self, model: Any) -> None:
         super().__init__()
-        self.net, self.kinds = model, []
+        self.net = model
+        self.kinds: list[str] = []
 
     def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
         self.kinds.append(getattr(self.net.train_function, "__name__", "?"))
@@ -150,11 +151,12 @@ def selection() -> dict[str, Any]:
         w = probe.watch(nested, layers=layers, find_socket=lambda: None)
         out[name] = w.names
         w.close()
-    for name, call in (
+    refused: list[tuple[str, Callable[[], Any]]] = [
         ("bad_pattern", lambda: probe.watch(model, layers=["nope*"])),
         ("a_layer", lambda: probe.watch(keras.layers.Dense(2))),
         ("an_object", lambda: probe.watch(object())),
-    ):
+    ]
+    for name, call in refused:
         try:
             call()
         except (TypeError, ValueError) as exc:
@@ -164,7 +166,7 @@ def selection() -> dict[str, Any]:
 
 def broken() -> dict[str, Any]:
     """The probe's own failure inside the step: logged once, probe off, training on."""
-    model, watcher, agent = _watched(every=1)
+    model, watcher, _ = _watched(every=1)
     seen: list[str] = []
     handler = logging.Handler()
     handler.emit = lambda record: seen.append(record.getMessage())  # type: ignore[method-assign]
@@ -191,14 +193,14 @@ def broken() -> dict[str, Any]:
 
 def release_sync() -> dict[str, Any]:
     """A save at a step boundary mid-epoch reads the weights the step just trained."""
-    model, watcher, agent = _watched(every=100)
+    model, watcher, _ = _watched(every=100)
     seen: list[Any] = []
 
     class Save:
         def take_and_run(self) -> None:
             seen.append(np.array(model.layers[0].kernel))
 
-    class Ask(keras.callbacks.Callback):  # type: ignore[misc]
+    class Ask(keras.callbacks.Callback):
         def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
             if batch == 2:
                 release.pending = Save()  # type: ignore[assignment]

@@ -71,7 +71,11 @@ def statistics(x: Any, y: Any, weights: list[list[Any]]) -> dict[str, dict[str, 
     (w1, b1), (w2, b2), (w3, b3) = [[np.asarray(a, np.float64) for a in ws] for ws in weights]
     layers: dict[str, dict[str, Any]] = {}
     for name, act, (gw, gb), (w, b) in zip(
-        ("dense", "dense_1", "dense_2"), (h1, h2, out), grads, ((w1, b1), (w2, b2), (w3, b3)), strict=True
+        ("dense", "dense_1", "dense_2"),
+        (h1, h2, out),
+        grads,
+        ((w1, b1), (w2, b2), (w3, b3)),
+        strict=True,
     ):
         layers[name] = {
             "act_mean": float(act.mean()),
@@ -91,7 +95,7 @@ def make_reference(out: TextIO, x: Any, y: Any, sleep: float = 0.0) -> Any:
     import keras
     import numpy as np
 
-    class Reference(keras.callbacks.Callback):  # type: ignore[misc]
+    class Reference(keras.callbacks.Callback):
         def __init__(self) -> None:
             super().__init__()
             self.step, self.steps_per_epoch = 0, len(x) // BATCH
@@ -108,10 +112,12 @@ def make_reference(out: TextIO, x: Any, y: Any, sleep: float = 0.0) -> Any:
             self.layers = statistics(x[rows], y[rows], self.before)
 
         def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
-            for (name, stats), old, new in zip(
-                self.layers.items(), self.before, self._weights(), strict=True
+            for stats, old, new in zip(
+                self.layers.values(), self.before, self._weights(), strict=True
             ):
-                moved = math.sqrt(sum(float(((a - b) ** 2).sum()) for a, b in zip(new, old, strict=True)))
+                moved = math.sqrt(
+                    sum(float(((a - b) ** 2).sum()) for a, b in zip(new, old, strict=True))
+                )
                 stats["update_ratio"] = moved / stats["weight_norm"]
             line = {"step": self.step, "loss": float((logs or {}).get("loss", math.nan))}
             out.write(json.dumps({**line, "layers": self.layers}) + "\n")

@@ -4,6 +4,8 @@ is compared with tests/probe/keras_train.py's direct numpy computation."""
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
 import math
 import os
@@ -33,6 +35,10 @@ def _steps(ref: Path) -> dict[int, dict[str, Any]]:
     return {r["step"]: r for r in (json.loads(line) for line in lines if line.endswith("}"))}
 
 
+def _step(ref: Path, step: int) -> dict[str, Any] | None:
+    return _steps(ref).get(step)
+
+
 def _report(user: User, box: str, pid: int) -> dict[str, Any]:
     def attempt() -> dict[str, Any] | None:
         result = user.devbox("probe", box, "--json", "--pid", str(pid), timeout=90)
@@ -60,14 +66,18 @@ def test_keras_statistics_received_match_a_direct_computation(user: User) -> Non
         for backend, every, pid, ref in started:
             report = _report(user, "keras", pid)
             assert report["watched"] and report["step"] % every == 0, report
-            want = wait_until(
-                lambda r=ref, s=report["step"]: _steps(r).get(s), 30, "the reference step"
-            )["layers"]
-            assert [s["name"] for s in report["layers"]] == list(want) == [
-                "dense",
-                "dense_1",
-                "dense_2",
-            ]
+            step = report["step"]
+            found = functools.partial(_step, ref, step)
+            want = wait_until(found, 30, "the reference step")["layers"]
+            assert (
+                [s["name"] for s in report["layers"]]
+                == list(want)
+                == [
+                    "dense",
+                    "dense_1",
+                    "dense_2",
+                ]
+            )
             for stats in report["layers"]:
                 for key, value in want[stats["name"]].items():
                     ok = stats[key] == value if key == "act_nan" else _close(stats[key], value)
@@ -78,10 +88,8 @@ def test_keras_statistics_received_match_a_direct_computation(user: User) -> Non
             assert "GRAD NORM" in text and "UPDATE/W" in text and "dense_1" in text
     finally:
         for _, _, pid, _ in started:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
     for n in range(len(started)):
         log = (user.home / f"train-{n}.log").read_text()
         assert "Traceback" not in log, log
