@@ -84,7 +84,7 @@ def main() -> None:
         m, callbacks = variants[name]
         start = time.perf_counter()
         m.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=0, callbacks=callbacks)
-        return (time.perf_counter() - start) / args.steps * 1e6
+        return float((time.perf_counter() - start) / args.steps * 1e6)
 
     for name in variants:
         fit(name)  # compile, and the probe's observed steps' compile
