@@ -154,7 +154,7 @@ class KerasWatcher(keras.callbacks.Callback, StepReporter):
         self._guarded(self._batch_begins)
 
     def on_train_end(self, logs: Any = None) -> None:
-        self._guarded(self._end_step)
+        self._guarded(self._last_step)
         self._restore()
 
     def _guarded(self, fn: Callable[[], None]) -> None:
@@ -207,6 +207,17 @@ class KerasWatcher(keras.callbacks.Callback, StepReporter):
             self.net.train_function = self._normal
 
     # --- a step's end -----------------------------------------------------------------
+
+    def _last_step(self) -> None:
+        """The end of the last step: its device arrays are read here, since training is
+        over (nothing waits), so that the link thread is not left converting JAX arrays
+        while a script that ends with fit shuts the interpreter down."""
+        if self._outputs is not None:
+            matrix, tensors = self._outputs
+            self._outputs = (to_host(matrix), {k: to_host(v) for k, v in tensors.items()})
+        if self._loss is not None:
+            self._loss = to_host(self._loss)
+        self._end_step()
 
     def _end_step(self) -> None:
         if not self._in_step:
@@ -464,7 +475,7 @@ class KerasWatcher(keras.callbacks.Callback, StepReporter):
 def _recording(layer: Any, index: int, call: Any, seen: _Captured) -> Callable[..., Any]:
     def wrapped(*args: Any, **kwargs: Any) -> Any:
         out = call(*args, **kwargs)
-        tensor = next((t for t in keras.tree.flatten(out) if keras.ops.is_tensor(t)), None)
+        tensor = out if keras.ops.is_tensor(out) else _first_tensor(out)
         if tensor is not None and "float" in str(keras.backend.standardize_dtype(tensor.dtype)):
             axis = kerasstats.unit_axis(layer, len(tensor.shape))
             seen.rows[index] = kerasstats.activation(tensor, axis)  # a shared layer: the last call
@@ -473,6 +484,14 @@ def _recording(layer: Any, index: int, call: Any, seen: _Captured) -> Callable[.
         return out
 
     return wrapped
+
+
+def to_host(x: Any) -> Any:
+    return arrays.to_numpy(x).copy()  # a copy: a torch tensor's numpy view shares memory
+
+
+def _first_tensor(out: Any) -> Any:
+    return next((t for t in keras.tree.flatten(out) if keras.ops.is_tensor(t)), None)
 
 
 def _loss_of(logs: Any) -> Any:

@@ -14,6 +14,9 @@ from typing import Any
 
 from keras import ops
 
+# The backend's float32 dtype object (a torch.dtype, a numpy dtype for jax), compared as is.
+_FLOAT32 = ops.convert_to_tensor(0.0, "float32").dtype
+
 
 def unit_axis(layer: Any, ndim: int) -> int:
     """The axis whose entries are a layer's units (devbox.probe.stats): the channel axis, 1
@@ -23,11 +26,16 @@ def unit_axis(layer: Any, ndim: int) -> int:
     return ndim - 1
 
 
+def _f32(x: Any) -> Any:
+    # Every keras.ops call costs a dispatch (tens of us on eager torch): skip a no-op cast.
+    return x if x.dtype == _FLOAT32 else ops.cast(x, "float32")
+
+
 def activation(out: Any, axis: int) -> Any:
     """[mean, std, absmax, zero fraction, dead-unit fraction, NaN count, Inf count] of a
     layer's output, in float32; a unit (along `axis`) is dead when it is zero for every
     sample; a 1-D output has no units (NaN)."""
-    x = ops.cast(ops.stop_gradient(out), "float32")
+    x = _f32(ops.stop_gradient(out))
     if math.prod(x.shape) == 0:  # static shapes under a trace: no reduction over nothing
         return ops.convert_to_tensor([math.nan] * 5 + [0.0, 0.0], "float32")
     a = ops.abs(x)
@@ -47,7 +55,7 @@ def activation(out: Any, axis: int) -> Any:
 
 def squares(tensors: Sequence[Any]) -> list[Any]:
     """The sum of squares of each tensor, in float32."""
-    return [ops.sum(ops.square(ops.cast(ops.stop_gradient(t), "float32"))) for t in tensors]
+    return [ops.sum(ops.square(_f32(ops.stop_gradient(t)))) for t in tensors]
 
 
 def norm_and_bad(sums: Sequence[Any]) -> tuple[Any, Any]:
@@ -55,12 +63,9 @@ def norm_and_bad(sums: Sequence[Any]) -> tuple[Any, Any]:
     NaN for none (a layer without parameters)."""
     if not sums:
         return ops.convert_to_tensor(math.nan, "float32"), ops.convert_to_tensor(0.0, "float32")
-    total = sums[0]
-    bad = ops.cast(ops.logical_not(ops.isfinite(sums[0])), "float32")
-    for s in sums[1:]:
-        total = total + s
-        bad = bad + ops.cast(ops.logical_not(ops.isfinite(s)), "float32")
-    return ops.sqrt(total), bad
+    stacked = ops.stack(sums)  # a few ops per layer, not per tensor
+    bad = ops.sum(ops.cast(ops.logical_not(ops.isfinite(stacked)), "float32"))
+    return ops.sqrt(ops.sum(stacked)), bad
 
 
 def flat(tensors: Sequence[Any]) -> Any:

@@ -95,9 +95,11 @@ def test_an_injected_nan_raises_the_alert_within_one_report(run: dict[str, Any])
     first = next(f for f in stats if f["alerts"])
     # The check of the poisoned step itself (every=10: it is not a report step).
     assert first["step"] == 3 and first["alerts"][0]["kind"] == "nan", first
-    # The check forces the next report, which says which layer: the first outputs NaN.
+    # The check forces a report before the next due one (step 10), which says which layer:
+    # the first outputs NaN. It is a step or two later: the link thread reads the loss
+    # once the device computed it, while Keras (on JAX) dispatches the next steps.
     report = next(f for f in stats if f["layers"] and f["step"] > 3)
-    assert report["step"] in (4, 5), [f["step"] for f in stats]
+    assert report["step"] < 10, [f["step"] for f in stats]
     assert report["layers"][0]["act_nan"] > 0 and report["layers"][0]["act_mean"] is None
     assert any(a["layer"] == "dense" for a in report["alerts"])
 
