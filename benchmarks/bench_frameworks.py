@@ -308,7 +308,11 @@ def _keras_tensorboard(model: Any, sample: Any, variant: str, logdir: str) -> An
             self.step += 1
             if step % every:
                 return
-            for layer, out in zip(model.layers, taps(sample, training=False), strict=True):
+            # Callback.model syncs the weights back from Keras's training state (on JAX
+            # they are not in the variables during fit): what any callback that reads
+            # them pays.
+            layers = self.model.layers
+            for layer, out in zip(layers, taps(sample, training=False), strict=True):
                 writer.add_histogram(f"{layer.name}/output", keras.ops.convert_to_numpy(out), step)
                 for w in layer.weights:
                     value = keras.ops.convert_to_numpy(w.value)
