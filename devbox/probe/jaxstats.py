@@ -71,7 +71,9 @@ def update_ratio(before: Sequence[Group], after: Sequence[Group]) -> Array:
         if not old:
             ratios.append(jnp.float32(math.nan))
             continue
-        moved = sum(_squares(jnp.asarray(n) - jnp.asarray(o)) for o, n in zip(old, new, strict=True))
+        moved = sum(
+            _squares(jnp.asarray(n) - jnp.asarray(o)) for o, n in zip(old, new, strict=True)
+        )
         ratios.append(jnp.sqrt(moved) / jnp.sqrt(sum(_squares(o) for o in old)))
     return _vector(ratios)
 

@@ -53,7 +53,9 @@ def reference(model: MLP, x: Any, y: Any) -> dict[str, dict[str, Any]]:
             "act_absmax": float(np.abs(o).max()),
             "act_zeros": float((o == 0).mean()),
             "act_nan": int(np.isnan(o).sum()),
-            "grad_norm": norm([getattr(grads, name).kernel.get_value(), getattr(grads, name).bias.get_value()]),
+            "grad_norm": norm(
+                [getattr(grads, name).kernel.get_value(), getattr(grads, name).bias.get_value()]
+            ),
             "weight_norm": norm([layer.kernel.get_value(), layer.bias.get_value()]),
         }
     return layers
@@ -87,7 +89,10 @@ def main() -> None:
             x[3, 2] = math.nan
         y = x.sum(1, keepdims=True)
         layers = reference(model, x, y)
-        before = {n: [getattr(model, n).kernel.get_value(), getattr(model, n).bias.get_value()] for n in layers}
+        before = {
+            n: [getattr(model, n).kernel.get_value(), getattr(model, n).bias.get_value()]
+            for n in layers
+        }
         loss = train_step(model, optimizer, x, y)
         for name in layers:
             after = [getattr(model, name).kernel.get_value(), getattr(model, name).bias.get_value()]

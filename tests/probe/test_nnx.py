@@ -253,3 +253,46 @@ def test_unwatched_steps_run_the_plain_variant(agent: Agent) -> None:
     watcher.close()
     forward(model, x)
     assert len(traced) == 2  # closed: plain nnx.jit, already compiled
+
+
+def test_a_box_receives_statistics_matching_the_reference(user: User) -> None:
+    """End to end: nnx_train.py in a real local box, `devbox probe --json` there."""
+    user.up("nnx")
+    ref, log = user.home / "ref.jsonl", user.home / "train.log"
+    command = f"{sys.executable} {TRAIN} --ref {ref} --every 4"
+    out = user.devbox(
+        "ssh", "nnx", "--", f"setsid {command} >{log} 2>&1 </dev/null & echo $!", check=True
+    )
+    pid = int(out.stdout)
+    try:
+
+        def report() -> Any:
+            result = user.devbox("probe", "nnx", "--json", timeout=90)
+            return result.returncode == 0 and json.loads(result.stdout.splitlines()[0])
+
+        first = wait_until(report, 90, "a report from the NNX trainer", every=0.3)
+        assert first["pid"] == pid
+        frames = user.devbox(
+            "probe", "nnx", "--json", "--watch", "--count", "3", check=True, timeout=90
+        )
+        reports = [json.loads(line) for line in frames.stdout.splitlines()]
+        reports = [r for r in reports if r["watched"]]
+        assert reports
+
+        def steps() -> dict[int, Any]:
+            rows = [json.loads(line) for line in ref.read_text().splitlines() if line.endswith("}")]
+            return {r["step"]: r for r in rows}
+
+        done = wait_until(lambda: all(r["step"] in steps() for r in reports) and steps(), 30, "ref")
+        for r in reports:
+            assert r["step"] % 4 == 0
+            want = done[r["step"]]["layers"]
+            assert [s["name"] for s in r["layers"]] == list(want)
+            for stats in r["layers"]:
+                for key, value in want[stats["name"]].items():
+                    assert _close(stats[key], value), (r["step"], stats["name"], key)
+            assert r["alerts"] == []
+        text = user.devbox("probe", "nnx", check=True).stdout.decode()
+        assert f"pid {pid}" in text and "nnx_train.py" in text and "[jax]" in text, text
+    finally:
+        subprocess.run(["kill", "-9", str(pid)], check=False)
