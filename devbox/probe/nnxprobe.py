@@ -48,7 +48,6 @@ from flax import nnx
 from devbox.probe import alerts as alert_policy
 from devbox.probe import arrays, jaxstats
 from devbox.probe.reporting import Plan, StepReporter
-from devbox.protocol import ProbeRequest
 
 log = logging.getLogger("devbox.probe")
 

@@ -185,7 +185,7 @@ def test_requests_are_answered_with_the_right_numbers(agent: Agent) -> None:
     gradient = np.concatenate([np.ravel(v) for v in _params(grads, "l2")])
     weight = np.concatenate([np.ravel(v) for v in _params(model, "l3")])
     train_step(model, optimizer, x, y)
-    replies = {}
+    replies: dict[int, dict[str, Any]] = {}
     while len(replies) < 3:
         reply = agent.next(protocol.PROBE_REPLY)
         replies[reply["id"]] = reply
