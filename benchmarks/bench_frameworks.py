@@ -14,8 +14,9 @@ its own (Keras picks its backend once per process): one MLP (--depth Dense layer
 
 The variants take turns, a chunk of N steps each in a rotating order, so a shared machine's
 drift hits all of them alike; each ratio is the median over windows of the ratio within a
-window. A chunk's cost is the process's CPU time (all its threads: JAX's compute pool, the
-probe's link thread, TensorBoard's writer), or wall time with --clock wall.
+window. A chunk's cost is the process's CPU time (all its threads: the probe's link thread,
+TensorBoard's writer; each framework computes on one thread, so idle pool threads spinning
+are not counted), or wall time with --clock wall.
 
     python benchmarks/bench_frameworks.py [--frameworks torch,nnx,keras-jax,keras-torch]
         [--windows 8] [--every 50]
@@ -65,6 +66,8 @@ def torch_chunks(args: argparse.Namespace, sink: str, logdir: str) -> dict[str, 
     import torch
 
     from devbox import probe
+
+    torch.set_num_threads(1)  # see child_env
 
     def build() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
         torch.manual_seed(0)
@@ -369,6 +372,12 @@ def child_env(framework: str) -> dict[str, str]:
     if framework.startswith("keras-"):
         env["KERAS_BACKEND"] = framework.removeprefix("keras-")
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    # One compute thread for every framework (as bench_probe): idle pool threads spin for
+    # a while after each op, and process CPU time would charge that spinning to whichever
+    # variant runs next (measured: the same step 4 ms after one variant, 7.7 after another).
+    env["OMP_NUM_THREADS"] = "1"
+    flags = "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1"
+    env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {flags}".strip()
     return env
 
 
