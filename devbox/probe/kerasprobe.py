@@ -117,25 +117,25 @@ class KerasWatcher(keras.callbacks.Callback, StepReporter):
         keras.callbacks.Callback.__init__(self)
         self.net = model  # not `self.model`: Callback's property syncs JAX state on access
         self.watched = select(model, layers)
-        self.backend = keras.backend.backend()
+        self.keras_backend = keras.backend.backend()
         StepReporter.__init__(
             self,
             [n for n, _ in self.watched],
             every=every,
             thresholds=thresholds,
-            framework=f"keras/{self.backend}",
+            framework=f"keras/{self.keras_backend}",
             find_socket=find_socket,
         )
         observers: dict[str, Callable[..., Any]] = {
             "jax": self._observed_jax,
             "torch": self._observed_torch,
         }
-        self._observe = observers.get(self.backend)
+        self._observe = observers.get(self.keras_backend)
         if self._observe is None:
             log.warning(
                 "devbox.probe: Keras on %s: per-layer statistics are for the jax and torch "
                 "backends; this one gets the finiteness check only",
-                self.backend,
+                self.keras_backend,
             )
         self._normal: Any = None  # Keras's own train function, taken at on_train_begin
         self._checking: Any = None
@@ -202,7 +202,9 @@ class KerasWatcher(keras.callbacks.Callback, StepReporter):
         """Requests on a backend without the observed step: answered, not kept for ever."""
         for r in plan.requests:
             self.answered(r)
-            self.reply_error(r, f"keras/{self.backend}: requests need the jax or torch backend")
+            self.reply_error(
+                r, f"keras/{self.keras_backend}: requests need the jax or torch backend"
+            )
 
     def _restore(self) -> None:
         current = getattr(self.net, "train_function", None)
@@ -280,7 +282,7 @@ class KerasWatcher(keras.callbacks.Callback, StepReporter):
 
     def _make_checking(self, normal: Any) -> Any:
         """Keras's own function, keeping the loss it logs (finite or not)."""
-        jax = self.backend == "jax"
+        jax = self.keras_backend == "jax"
 
         def checking(*args: Any) -> Any:
             out = normal(*args)
