@@ -21,7 +21,10 @@ import numpy as np
 
 from devbox import protocol
 from devbox.probe.link import Job
+from devbox.probe.reporting import StepReporter
 from devbox.protocol import ProbeRequest
+
+UNREAD = 4  # checked outputs left to the device before the link thread waits for them
 
 
 def to_numpy(x: Any) -> Any:
@@ -29,6 +32,60 @@ def to_numpy(x: Any) -> Any:
     if hasattr(x, "detach"):  # torch, under Keras's torch backend
         x = x.detach().cpu().numpy()
     return np.asarray(x)
+
+
+def ready(x: Any) -> bool:
+    """Whether reading `x` waits for nothing: a JAX array the device has made, a CPU
+    tensor, a number."""
+    if hasattr(x, "is_ready"):
+        return bool(x.is_ready())
+    device = getattr(x, "device", None)
+    return device is None or getattr(device, "type", "cpu") == "cpu"
+
+
+def finite(x: Any) -> bool:
+    return bool(np.isfinite(to_numpy(x)).all())
+
+
+class Unread:
+    """The checked outputs (a step's loss, or its output's sum) the device has not made
+    yet, read on the training thread once made: a NaN forces the next step's report at
+    once. Left to the link thread, the force would come many steps late: a JAX training
+    loop dispatches ahead and keeps the GIL for several fast steps before that thread
+    runs. One not made within UNREAD steps goes to the link thread, which waits for it
+    there; the training thread never waits for the device."""
+
+    def __init__(self, reporter: StepReporter) -> None:
+        self.reporter = reporter
+        self.items: list[tuple[int, Any]] = []
+
+    def add(self, step: int, x: Any) -> None:
+        self.items.append((step, x))
+
+    def read(self) -> None:
+        """At a step's boundary, before the next step's plan."""
+        r, unread = self.reporter, []
+        for step, x in self.items:
+            if ready(x):
+                if not finite(x):
+                    r.force = True
+                    r.submit_check(step, lambda: math.nan)
+            else:
+                unread.append((step, x))
+        while len(unread) > UNREAD:
+            step, x = unread.pop(0)
+            r.submit_check(step, _host(x))
+        self.items = unread
+
+    def flush(self, copy: Any = None) -> None:
+        """Every one to the link thread (`copy` makes a host copy first, here)."""
+        for step, x in self.items:
+            self.reporter.submit_check(step, _host(copy(x) if copy else x))
+        self.items = []
+
+
+def _host(x: Any) -> Any:
+    return lambda: to_numpy(x)
 
 
 def histogram(x: Any, bins: int) -> tuple[list[int], float, float]:

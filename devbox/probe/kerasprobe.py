@@ -35,7 +35,6 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import keras
-import numpy as np
 
 from devbox.probe import alerts as alert_policy
 from devbox.probe import arrays, kerasstats, release
@@ -46,7 +45,6 @@ log = logging.getLogger("devbox.probe")
 # What an observed step hands back besides Keras's own results: the report matrix and the
 # tensors the step's requests want, by (tensor kind, layer index).
 Wants = tuple[tuple[str, int], ...]
-UNREAD = 4
 
 
 def named_layers(model: Any, prefix: str = "") -> Iterator[tuple[str, Any]]:
@@ -144,7 +142,7 @@ class KerasWatcher(keras.callbacks.Callback, StepReporter):
         self._in_step = False
         self._outputs: tuple[Any, dict[tuple[str, int], Any]] | None = None
         self._loss: Any = None
-        self._unread: list[tuple[int, Any]] = []  # checked losses the device has not made yet
+        self._unread = arrays.Unread(self)  # checked losses the device has not made yet
         self._broken = False
         self.start()
 
@@ -223,9 +221,7 @@ class KerasWatcher(keras.callbacks.Callback, StepReporter):
         if self._loss is not None:
             self._loss = to_host(self._loss)
         self._end_step()
-        for step, loss in self._unread:
-            self.submit_check(step, _host_value(to_host(loss)))
-        self._unread = []
+        self._unread.flush(to_host)
 
     def _end_step(self) -> None:
         if not self._in_step:
@@ -238,33 +234,14 @@ class KerasWatcher(keras.callbacks.Callback, StepReporter):
             self.submit_report(step, lambda: arrays.to_numpy(matrix))
             self._answer(step, tensors)
         elif self._loss is not None:
-            self._unread.append((step, self._loss))
+            self._unread.add(step, self._loss)
             self._loss = None
-        if self._unread:
-            self._read_checks()
+        self._unread.read()
         if release.pending is not None and hasattr(self.net, "jax_state_sync"):
             # A save runs in step_ended: on JAX the weights are in Keras's state, not yet
             # in the variables the save function reads.
             self.net.jax_state_sync()
         self.step_ended(observed=observed)
-
-    def _read_checks(self) -> None:
-        """The checked losses the device has made, read here: a NaN forces the next
-        step's report now. Left to the link thread, the force would come many steps late:
-        Keras (JAX dispatching ahead) keeps the GIL for several fast steps before that
-        thread runs. A loss not made within UNREAD steps goes to the link thread."""
-        unread = []
-        for step, loss in self._unread:
-            if _ready(loss):
-                if not _finite(loss):
-                    self.force = True
-                    self.submit_check(step, lambda: float("nan"))
-            else:
-                unread.append((step, loss))
-        while len(unread) > UNREAD:
-            step, loss = unread.pop(0)
-            self.submit_check(step, _host_value(loss))
-        self._unread = unread
 
     def _answer(self, step: int, tensors: dict[tuple[str, int], Any]) -> None:
         index = {n: i for i, n in enumerate(self.names)}
@@ -516,23 +493,6 @@ def _recording(layer: Any, index: int, call: Any, seen: _Captured) -> Callable[.
 
 def to_host(x: Any) -> Any:
     return arrays.to_numpy(x).copy()  # a copy: a torch tensor's numpy view shares memory
-
-
-def _ready(x: Any) -> bool:
-    """Whether reading `x` waits for nothing: a JAX array the device has made, a CPU
-    tensor, a number."""
-    if hasattr(x, "is_ready"):
-        return bool(x.is_ready())
-    device = getattr(x, "device", None)
-    return device is None or getattr(device, "type", "cpu") == "cpu"
-
-
-def _finite(x: Any) -> bool:
-    return bool(np.isfinite(arrays.to_numpy(x)).all())
-
-
-def _host_value(x: Any) -> Callable[[], Any]:
-    return lambda: arrays.to_numpy(x)
 
 
 def _first_tensor(out: Any) -> Any:

@@ -20,7 +20,9 @@ classes' `__call__` is wrapped (and restored after), so each watched layer's out
 through jaxstats.activation; `value_and_grad` passes those statistics out of the gradient
 transform as aux and keeps the model's gradients for the grad norms; the parameters are
 read before and after `fn` (the optimizer's update) for the update ratio. The outputs are
-jax arrays, read on the link thread: the training thread never waits for the device.
+jax arrays, read on the link thread: the training thread never waits for the device. A
+check's sum is looked at on the training thread when the device has made it (at the next
+step's start), so a NaN forces the next report at once (arrays.Unread).
 
 Layer names are the modules' NNX paths joined with "/" ("blocks/0/linear"); by default
 every leaf module that can be called (a module of no sub-modules); `layers=` takes names
@@ -134,6 +136,7 @@ class NnxWatcher(StepReporter):
         # The parameter paths each layer owns: every one under the layer's path.
         self._owned = [[q for q in params if q[: len(p)] == p] for p in self._paths]
         self._traces: list[_Trace] = []
+        self.unread = arrays.Unread(self)  # the checked steps' output sums
         self._broken = False
         self._closed = False
         self.start()
@@ -323,6 +326,7 @@ class StepFunction:
         if w.off:
             return self.plain(*args, **kwargs)
         try:
+            w.unread.read()  # a NaN the device has shown by now forces this step's report
             plan = w.plan()
             step = w.step
             compiled = self._variant(plan)
@@ -346,7 +350,7 @@ class StepFunction:
                 w.reported(step, matrix, tensors)
             else:
                 out, total = result
-                w.submit_check(step, lambda: np.asarray(total).item())
+                w.unread.add(step, total)
             self._ended(observed=plan.observe)
         except Exception:
             w.broke()

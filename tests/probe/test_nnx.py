@@ -9,6 +9,7 @@ import math
 import socket
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -144,10 +145,22 @@ def test_an_observed_step_matches_a_direct_computation(agent: Agent) -> None:
 
 def test_an_injected_nan_raises_the_alert_within_one_report(agent: Agent) -> None:
     model, optimizer, watcher, train_step, _ = _setup(agent, every=1000)
-    for seed in range(3):  # step 0 is a report step; 1 and 2 are checked only
-        train_step(model, optimizer, *_batch(seed))
-    train_step(model, optimizer, *_batch(3, nan=True))  # step 3
-    train_step(model, optimizer, *_batch(4))
+    train_step(model, optimizer, *_batch(0))  # compiles; step 0 is a report step
+    agent.next(protocol.PROBE_STATS, layers=True)
+    # The link thread held up until the loop is done, as on a busy machine (or while a
+    # JAX loop keeps the GIL): the NaN must still force step 4's report, seen on the
+    # training thread. A loop that reads its loss each step (a progress bar's): the device
+    # has made step 3's check by step 4's start. 1 and 2 are checked only.
+    gate = threading.Event()
+
+    def held() -> list[bytes]:
+        gate.wait(60)
+        return []
+
+    watcher.submit(held)
+    for seed in range(1, 5):
+        float(train_step(model, optimizer, *_batch(seed, nan=seed == 3)))
+    gate.set()
     alerts: list[dict[str, Any]] = []
     while not alerts:
         alerts = agent.next(protocol.PROBE_STATS)["alerts"]
