@@ -367,8 +367,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def child_env(framework: str) -> dict[str, str]:
+def child_env(framework: str, scratch: str) -> dict[str, str]:
     env = dict(os.environ)
+    # The child's temporary files (TorchInductor's cache, which Keras on torch creates under
+    # the temporary folder, and the TensorBoard logs) go in a folder removed after it.
+    env["TMPDIR"] = scratch
     if framework.startswith("keras-"):
         env["KERAS_BACKEND"] = framework.removeprefix("keras-")
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -403,13 +406,14 @@ def main() -> None:
     forwarded = [f"--{k}={v}" for k, v in vars(args).items() if k not in ("frameworks", "child")]
     results: dict[str, Any] = {}
     for framework in chosen:
-        out = subprocess.run(
-            [sys.executable, __file__, *forwarded, "--child", framework],
-            env=child_env(framework),
-            capture_output=True,
-            text=True,
-            check=False,
-        )
+        with tempfile.TemporaryDirectory(prefix="dbx-bench-") as scratch:
+            out = subprocess.run(
+                [sys.executable, __file__, *forwarded, "--child", framework],
+                env=child_env(framework, scratch),
+                capture_output=True,
+                text=True,
+                check=False,
+            )
         if out.returncode != 0:
             raise SystemExit(f"bench_frameworks: {framework} failed:\n{out.stderr[-2000:]}")
         results[framework] = json.loads(out.stdout.splitlines()[-1])
