@@ -369,9 +369,10 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
 def child_env(framework: str, scratch: str) -> dict[str, str]:
     env = dict(os.environ)
-    # The child's temporary files (TorchInductor's cache, which Keras on torch creates under
-    # the temporary folder, and the TensorBoard logs) go in a folder removed after it.
-    env["TMPDIR"] = scratch
+    # TorchInductor's cache (Keras on torch makes one, under the temporary folder by
+    # default) goes in a folder removed after the child. Not all of TMPDIR: the probe's
+    # socket is made there, and a deeper path passes AF_UNIX's 108 bytes.
+    env["TORCHINDUCTOR_CACHE_DIR"] = scratch
     if framework.startswith("keras-"):
         env["KERAS_BACKEND"] = framework.removeprefix("keras-")
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
