@@ -168,6 +168,7 @@ class NnxWatcher(StepReporter):
     def close(self) -> None:
         """The step runs as plain nnx.jit from now on; the link closes."""
         self._closed = True
+        self.unread.flush()  # the last steps' checks still count: a NaN there is alerted
         super().close()
 
     # --- inside the observed trace ----------------------------------------------------

@@ -172,6 +172,18 @@ def test_an_injected_nan_raises_the_alert_within_one_report(agent: Agent) -> Non
     watcher.close()
 
 
+def test_a_nan_in_the_last_step_before_close_is_alerted(agent: Agent) -> None:
+    model, optimizer, watcher, train_step, _ = _setup(agent, every=1000)
+    train_step(model, optimizer, *_batch(0))  # step 0 is a report step
+    agent.next(protocol.PROBE_STATS, layers=True)
+    train_step(model, optimizer, *_batch(1, nan=True))  # its loss is never read here
+    watcher.close()
+    alerts: list[dict[str, Any]] = []
+    while not alerts:
+        alerts = agent.next(protocol.PROBE_STATS)["alerts"]
+    assert alerts[0]["kind"] == "nan" and alerts[0]["step"] == 1, alerts
+
+
 def test_requests_are_answered_with_the_right_numbers(agent: Agent) -> None:
     import numpy as np
     from flax import nnx
