@@ -44,3 +44,15 @@ def test_help_lists_the_commands() -> None:
     ).stdout
     for command in ("up", "ls", "down", "ssh", "proxy", "ssh-config", "agent"):
         assert f"    {command}" in out
+
+
+def test_importing_the_ssh_sides_prints_nothing() -> None:
+    """A library's deprecation of what devbox never uses is not the user's news: with the
+    default warning filters, as `devbox ssh` and the agent run, importing either side of
+    SSH writes nothing to stderr (cryptography 51 deprecates DSA, which asyncssh names at
+    import; every one-line error came out under eleven lines of warnings)."""
+    for module in ("devbox.ssh.client", "agent.server"):
+        done = subprocess.run(
+            [sys.executable, "-c", f"import {module}"], capture_output=True, text=True, check=True
+        )
+        assert done.stderr == "", (module, done.stderr)
