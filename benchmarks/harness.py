@@ -15,7 +15,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -174,6 +174,59 @@ def summary(samples: list[float]) -> dict[str, float]:
 
 def emit(result: dict[str, object]) -> None:
     print(json.dumps(result, indent=1))
+
+
+# How every benchmark compares like with like on a noisy 2-core machine: each figure is
+# taken in turn with its peer's (interleaved, so a burst of load lands on both), repeated,
+# with the machine's load and the bytecode mode printed beside it, and each target judged in
+# a `met` block. Ratios, never seconds, are what carries from one machine to another.
+
+
+def interleaved(runs: int, takes: dict[str, Callable[[], float]]) -> dict[str, list[float]]:
+    """`runs` rounds of every take in turn (a, b, c, a, b, c, ...): the samples of each."""
+    samples: dict[str, list[float]] = {name: [] for name in takes}
+    for _ in range(runs):
+        for name, take in takes.items():
+            samples[name].append(take())
+    return samples
+
+
+def machine() -> dict[str, object]:
+    """What the numbers were taken under: the load, the cores, whether Python may write
+    bytecode (PYTHONDONTWRITEBYTECODE in an editable install means every devbox command
+    compiles its modules anew) and the interpreter."""
+    return {
+        "loadavg_1m": round(os.getloadavg()[0], 2),
+        "cpus": os.cpu_count(),
+        "PYTHONDONTWRITEBYTECODE": bool(os.environ.get("PYTHONDONTWRITEBYTECODE")),
+        "python": sys.version.split()[0],
+    }
+
+
+def met(value: float, op: str, target: float) -> dict[str, object]:
+    """One target judged: {"value", "op", "target", "met"}; op is "<=" or ">="."""
+    ok = value <= target if op == "<=" else value >= target
+    return {"value": round(value, 4), "op": op, "target": target, "met": ok}
+
+
+def bytecode_cached() -> bool:
+    """Whether devbox's CLI module has its compiled bytecode next to it (or in site-packages),
+    which decides most of a command's start-up when Python may not write it."""
+    import importlib.util
+
+    import devbox.cli
+
+    return Path(importlib.util.cache_from_source(devbox.cli.__file__)).exists()
+
+
+def bytecode_env(env: dict[str, str], *, write: bool) -> dict[str, str]:
+    """`env` with Python allowed to write bytecode (write=True: what a `pip install .` user
+    has, once the first run cached it) or told not to (PYTHONDONTWRITEBYTECODE=1)."""
+    out = dict(env)
+    out.pop("PYTHONDONTWRITEBYTECODE", None)
+    if not write:
+        out["PYTHONDONTWRITEBYTECODE"] = "1"
+    return out
 
 
 @contextlib.contextmanager
