@@ -108,22 +108,126 @@ def hidden(parser: argparse.ArgumentParser) -> bool:
     return getattr(parser, _HIDDEN, False) is True
 
 
-def _command(sub: Any, name: str, handler: str, **kwargs: Any) -> argparse.ArgumentParser:
-    """A command's parser, naming its handler as "module:function": the parser is the one
-    table of commands, for dispatch (main imports only that module) and for completion."""
-    parser: argparse.ArgumentParser = sub.add_parser(name, **kwargs)
-    parser.set_defaults(handler=handler)
-    return parser
+class _Command:
+    """One command: its name, its handler as "module:function" (main imports only that
+    module), what adds its arguments, and add_parser's keywords (help, usage, ...). A plain
+    class: a dataclass would import `dataclasses` and `inspect` into every command."""
+
+    __slots__ = ("arguments", "backend_flags", "handler", "name", "options")
+
+    def __init__(
+        self,
+        name: str,
+        handler: str,
+        arguments: Callable[[argparse.ArgumentParser, _Parser], None],
+        *,
+        backend_flags: bool = True,
+        **options: Any,
+    ) -> None:
+        self.name = name
+        self.handler = handler
+        self.arguments = arguments
+        self.backend_flags = backend_flags
+        self.options = options
 
 
-def _probe_parser(sub: Any, backend: argparse.ArgumentParser) -> None:
-    probe = _command(
-        sub,
-        "probe",
-        "devbox.commands.probe:run",
-        parents=[backend],
-        help="live per-layer statistics of a model training in a box (devbox.probe)",
+def _up(up: argparse.ArgumentParser, backend: _Parser) -> None:
+    up.add_argument("name", nargs="?", help="box name (default: a generated one)")
+    up.add_argument("--gpus", type=_gpu_count, help="GPUs for the box (default: the profile's)")
+    up.add_argument("--port", type=_port, default=0, help="local backend: the agent's port")
+    up.add_argument("--no-attach", action="store_true", help="do not attach the session")
+    up.add_argument("--json", action="store_true", help="print the box record as JSON")
+    up.add_argument(
+        "--profile", default="default", help="the box's profile (`devbox profiles`; default)"
     )
+    up.add_argument("--timeout", type=_seconds, help="seconds to wait for the box to start")
+
+
+def _clusters(clusters: argparse.ArgumentParser, backend: _Parser) -> None:
+    clusters.add_argument("--json", action="store_true", help="one JSON array, a cluster each")
+
+
+def _move(move: argparse.ArgumentParser, backend: _Parser) -> None:
+    move.add_argument("name")
+    move.add_argument("--to", required=True, metavar="CLUSTER", help="the cluster to move to")
+    _offer(move, name=BOX_NAME, to=CLUSTER)
+    move.add_argument("--timeout", type=_seconds, help="seconds to wait for the new box")
+    move.add_argument("--json", action="store_true", help="what was copied, as JSON")
+
+
+def _ls(ls: argparse.ArgumentParser, backend: _Parser) -> None:
+    ls.add_argument("--json", action="store_true", help="one JSON array of box records")
+
+
+def _down(down: argparse.ArgumentParser, backend: _Parser) -> None:
+    down.add_argument("name")
+    _offer(down, name=BOX_NAME)
+    down.add_argument(
+        "--purge",
+        action="store_true",
+        help="also delete the box's home folder (asks first); of a released box: its kept home",
+    )
+    down.add_argument(
+        "--yes", "-y", action="store_true", help="with --purge: delete without asking"
+    )
+    down.add_argument(
+        "--now",
+        action="store_true",
+        help="do not ask the box's probed processes to save first (probe.on_release; "
+        "they get save_timeout otherwise)",
+    )
+
+
+def _ssh(ssh: argparse.ArgumentParser, backend: _Parser) -> None:
+    ssh.add_argument("name")
+    _offer(ssh, name=BOX_NAME)
+    ssh.add_argument("cmd", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+
+
+def _name_only(parser: argparse.ArgumentParser, backend: _Parser) -> None:
+    parser.add_argument("name")
+    _offer(parser, name=BOX_NAME)
+
+
+def _ssh_config(cfg: argparse.ArgumentParser, backend: _Parser) -> None:
+    how = cfg.add_mutually_exclusive_group()
+    how.add_argument(
+        "--write",
+        action="store_true",
+        help="write it to a devbox file and Include that from ~/.ssh/config",
+    )
+    how.add_argument(
+        "--inline",
+        action="store_true",
+        help="print complete blocks (HostName, ProxyCommand, User, IdentityFile, "
+        "UserKnownHostsFile, ...) for paramiko, Fabric and other clients without Include; "
+        "paramiko: SSHConfig.from_path(FILE).lookup('NAME.devbox'), load_host_keys() its "
+        "userknownhostsfile, connect with sock=ProxyCommand(its proxycommand)",
+    )
+
+
+def _keep(keep: argparse.ArgumentParser, backend: _Parser) -> None:
+    keep.add_argument("name", nargs="?", help="the box (default: the box this runs in)")
+    keep.add_argument(
+        "--for", dest="duration", type=_duration, default=4 * 3600.0, help="30m, 4h, 1d (4h)"
+    )
+    keep.add_argument("--off", action="store_true", help="end the hold now")
+    _offer(keep, name=BOX_NAME)
+
+
+def _stats(stats: argparse.ArgumentParser, backend: _Parser) -> None:
+    stats.add_argument("name")
+    _offer(stats, name=BOX_NAME)
+    stats.add_argument("--json", action="store_true", help="JSON: one sample per line")
+    stats.add_argument("--watch", "-w", action="store_true", help="keep streaming (ctrl-c ends)")
+    stats.add_argument("--rate", type=_rate, default=1.0, help="samples per second (default 1)")
+    stats.add_argument("--count", "-c", type=_count, help="stop after COUNT samples")
+    stats.add_argument(
+        "--history", action="store_true", help="with --json: the last 10 minutes first"
+    )
+
+
+def _probe(probe: argparse.ArgumentParser, backend: _Parser) -> None:
     probe.add_argument("name")
     _offer(probe, name=BOX_NAME)
     probe.add_argument("--json", action="store_true", help="JSON: one frame body per line")
@@ -151,7 +255,215 @@ def _probe_parser(sub: Any, backend: argparse.ArgumentParser) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _tui(tui: argparse.ArgumentParser, backend: _Parser) -> None:
+    tui.add_argument(
+        "--rate", type=_rate, default=1.0, help="telemetry samples per second per box (default 1)"
+    )
+
+
+def _pool(pool: argparse.ArgumentParser, backend: _Parser) -> None:
+    pool_sub = pool.add_subparsers(
+        dest="pool_command", metavar="ACTION", parser_class=_Parser, required=True
+    )
+    warm = pool_sub.add_parser("warm", parents=[backend], help="top the pool up to --size pods")
+    warm.add_argument("--profile", default="default", help="the pods' profile (default)")
+    warm.add_argument("--gpus", type=_gpu_count, help="GPUs per warm pod (default: the profile's)")
+    warm.add_argument("--size", type=_gpu_count, default=1, help="unclaimed pods to keep")
+    warm.add_argument("--no-wait", action="store_true", help="do not wait for them to start")
+    warm.add_argument("--timeout", type=_seconds, help="seconds to wait for them to start")
+    warm.add_argument("--json", action="store_true", help="the pool as a JSON array")
+    pls = pool_sub.add_parser("ls", parents=[backend], help="list the warm pods")
+    pls.add_argument("--json", action="store_true")
+
+
+def _profiles(profiles: argparse.ArgumentParser, backend: _Parser) -> None:
+    profiles.add_argument("--json", action="store_true", help="one JSON array of profiles")
+
+
+def _run(run: argparse.ArgumentParser, backend: _Parser) -> None:
+    run.add_argument("--box", help="the box to run in (default: claim a new one)")
+    run.add_argument("--gpus", type=_gpu_count, help="claim a new box with N GPUs for it")
+    run.add_argument("--sync", metavar="DIR", help="folder synced into the box (default: .)")
+    run.add_argument("--no-sync", action="store_true", help="sync nothing; run in the home")
+    run.add_argument(
+        "--detach", "-d", action="store_true", help="print the run id and return at once"
+    )
+    run.add_argument("cmd", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    _offer(run, box=BOX_NAME)
+
+
+def _runs(runs: argparse.ArgumentParser, backend: _Parser) -> None:
+    runs.add_argument("name", nargs="?", help="box name (default: every running box)")
+    _offer(runs, name=BOX_NAME)
+    runs.add_argument("--json", action="store_true", help="one JSON array of run records")
+
+
+def _logs(logs: argparse.ArgumentParser, backend: _Parser) -> None:
+    _box_and_run(logs, backend)
+    logs.add_argument("--follow", "-f", action="store_true", help="until the run ends")
+
+
+def _box_and_run(parser: argparse.ArgumentParser, backend: _Parser) -> None:
+    parser.add_argument("name")
+    parser.add_argument("run")
+    _offer(parser, name=BOX_NAME, run=RUN_ID)
+
+
+def _sync(sync: argparse.ArgumentParser, backend: _Parser) -> None:
+    sync.add_argument("name")
+    sync.add_argument("dir", nargs="?", default=".", help="the folder (default: .)")
+    _offer(sync, name=BOX_NAME)
+
+
+def _completion(comp: argparse.ArgumentParser, backend: _Parser) -> None:
+    comp.add_argument("shell", choices=("bash", "zsh"))
+
+
+def _autoscaler(scaler: argparse.ArgumentParser, backend: _Parser) -> None:
+    scaler.add_argument(
+        "--config",
+        type=Path,
+        help="settings file (default: the ConfigMap devbox-autoscaler on kubernetes, "
+        "~/.config/devbox/autoscaler.toml locally)",
+    )
+    scaler.add_argument("--once", action="store_true", help="one reconcile pass, then exit")
+
+
+def _explain(explain: argparse.ArgumentParser, backend: _Parser) -> None:
+    explain.add_argument("name")
+    _offer(explain, name=BOX_NAME)
+    explain.add_argument("--config", type=Path, help="settings file, as for `devbox autoscaler`")
+    explain.add_argument("--json", action="store_true", help="the verdict as JSON")
+
+
+def _nothing(parser: argparse.ArgumentParser, backend: _Parser) -> None:
+    pass
+
+
+# The one table of commands, in `devbox --help`'s order: for dispatch, for completion
+# (devbox.cli.completion walks the parser built from it) and for the help.
+COMMANDS: tuple[_Command, ...] = (
+    _Command("up", "devbox.commands.boxes:up", _up, help="claim a box and attach its session"),
+    _Command(
+        "clusters",
+        "devbox.commands.clusters:show",
+        _clusters,
+        help="what devbox sees of each of your clusters",
+    ),
+    _Command(
+        "move",
+        "devbox.commands.clusters:move",
+        _move,
+        help="carry a box and its home to another cluster",
+    ),
+    _Command("ls", "devbox.commands.boxes:ls", _ls, help="list your boxes"),
+    _Command("down", "devbox.commands.boxes:down", _down, help="release a box (its home is kept)"),
+    _Command(
+        "ssh",
+        "devbox.commands.ssh:ssh",
+        _ssh,
+        help="open the box's session, or run CMD",
+        usage="devbox ssh NAME [-- CMD ...]",
+    ),
+    _Command(
+        "proxy",
+        "devbox.commands.ssh:proxy",
+        _name_only,
+        help="bridge stdin/stdout to a box (ssh ProxyCommand)",
+    ),
+    _Command(
+        "ssh-config",
+        "devbox.commands.ssh:ssh_config",
+        _ssh_config,
+        help="OpenSSH config for your boxes",
+        description="Print a `Host NAME.devbox` block per box (and pin each box's host key). "
+        "--write keeps them in a devbox file that ~/.ssh/config Includes, for OpenSSH, "
+        "VS Code and every ssh-based tool; --inline prints self-contained blocks for "
+        "clients that do not follow Include or Match (paramiko, Fabric): save them to a "
+        "file and point the client at it.",
+    ),
+    _Command(
+        "keep",
+        "devbox.commands.boxes:keep",
+        _keep,
+        help="hold a box against idle release for a while",
+    ),
+    _Command(
+        "stats",
+        "devbox.commands.stats:stats",
+        _stats,
+        help="live GPU, host and process telemetry of a box",
+    ),
+    _Command(
+        "probe",
+        "devbox.commands.probe:run",
+        _probe,
+        help="live per-layer statistics of a model training in a box (devbox.probe)",
+    ),
+    _Command("tui", "devbox.commands.tui:run", _tui, help="full-screen dashboard of your boxes"),
+    _Command(
+        "pool",
+        "devbox.commands.boxes:pool",
+        _pool,
+        backend_flags=False,
+        help="kubernetes: the warm pool of unclaimed boxes",
+    ),
+    _Command(
+        "profiles",
+        "devbox.commands.boxes:profiles",
+        _profiles,
+        help="the box profiles you may claim, and their source",
+    ),
+    # `devbox run` and what looks after runs.
+    _Command(
+        "run",
+        "devbox.commands.runs:run",
+        _run,
+        help="run CMD in a box, detached, with a record (ctrl-c detaches)",
+        usage="devbox run [--box NAME | --gpus N] [--sync DIR | --no-sync] [--detach] -- CMD ...",
+    ),
+    _Command("runs", "devbox.commands.runs:runs", _runs, help="list the runs of a box (or all)"),
+    _Command("logs", "devbox.commands.runs:logs", _logs, help="print or follow a run's output"),
+    _Command("attach", "devbox.commands.runs:attach", _box_and_run, help="join a run's window"),
+    _Command(
+        "kill",
+        "devbox.commands.runs:kill",
+        _box_and_run,
+        help="stop a run (SIGTERM, then SIGKILL)",
+    ),
+    _Command(
+        "sync",
+        "devbox.commands.runs:sync_",
+        _sync,
+        help="sync a folder into a box, as `devbox run` does",
+    ),
+    _Command(
+        "completion",
+        "devbox.cli.completion:command",
+        _completion,
+        backend_flags=False,
+        help='shell completion: eval "$(devbox completion bash)"',
+    ),
+    _Command(
+        "autoscaler",
+        "devbox.commands.autoscaler:run",
+        _autoscaler,
+        help="release idle boxes (warning first), keep warm pools",
+    ),
+    _Command(
+        "explain",
+        "devbox.commands.autoscaler:explain",
+        _explain,
+        help="why the autoscaler keeps a box, or released it",
+    ),
+)
+_NAMES = frozenset(command.name for command in COMMANDS)
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole parser; with `only` (a command's name), a parser with that one command:
+    making all 25 command parsers is a tenth of `devbox ssh`'s own start-up, and a command
+    needs only its own (benchmarks/bench_startup.py)."""
     parser = _Parser(prog="devbox", description="A personal GPU box in one command.")
     parser.add_argument("--version", action="version", version=f"devbox {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
@@ -168,306 +480,32 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _offer(backend, cluster=CLUSTER)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-
-    up = _command(
-        sub,
-        "up",
-        "devbox.commands.boxes:up",
-        parents=[backend],
-        help="claim a box and attach its session",
-    )
-    up.add_argument("name", nargs="?", help="box name (default: a generated one)")
-    up.add_argument("--gpus", type=_gpu_count, help="GPUs for the box (default: the profile's)")
-    up.add_argument("--port", type=_port, default=0, help="local backend: the agent's port")
-    up.add_argument("--no-attach", action="store_true", help="do not attach the session")
-    up.add_argument("--json", action="store_true", help="print the box record as JSON")
-    up.add_argument(
-        "--profile", default="default", help="the box's profile (`devbox profiles`; default)"
-    )
-    up.add_argument("--timeout", type=_seconds, help="seconds to wait for the box to start")
-
-    clusters = _command(
-        sub,
-        "clusters",
-        "devbox.commands.clusters:show",
-        parents=[backend],
-        help="what devbox sees of each of your clusters",
-    )
-    clusters.add_argument("--json", action="store_true", help="one JSON array, a cluster each")
-    move = _command(
-        sub,
-        "move",
-        "devbox.commands.clusters:move",
-        parents=[backend],
-        help="carry a box and its home to another cluster",
-    )
-    move.add_argument("name")
-    move.add_argument("--to", required=True, metavar="CLUSTER", help="the cluster to move to")
-    _offer(move, name=BOX_NAME, to=CLUSTER)
-    move.add_argument("--timeout", type=_seconds, help="seconds to wait for the new box")
-    move.add_argument("--json", action="store_true", help="what was copied, as JSON")
-
-    ls = _command(sub, "ls", "devbox.commands.boxes:ls", parents=[backend], help="list your boxes")
-    ls.add_argument("--json", action="store_true", help="one JSON array of box records")
-
-    down = _command(
-        sub,
-        "down",
-        "devbox.commands.boxes:down",
-        parents=[backend],
-        help="release a box (its home is kept)",
-    )
-    down.add_argument("name")
-    _offer(down, name=BOX_NAME)
-    down.add_argument(
-        "--purge",
-        action="store_true",
-        help="also delete the box's home folder (asks first); of a released box: its kept home",
-    )
-    down.add_argument(
-        "--yes", "-y", action="store_true", help="with --purge: delete without asking"
-    )
-    down.add_argument(
-        "--now",
-        action="store_true",
-        help="do not ask the box's probed processes to save first (probe.on_release; "
-        "they get save_timeout otherwise)",
-    )
-
-    ssh = _command(
-        sub,
-        "ssh",
-        "devbox.commands.ssh:ssh",
-        parents=[backend],
-        help="open the box's session, or run CMD",
-        usage="devbox ssh NAME [-- CMD ...]",
-    )
-    ssh.add_argument("name")
-    _offer(ssh, name=BOX_NAME)
-    ssh.add_argument("cmd", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
-
-    proxy = _command(
-        sub,
-        "proxy",
-        "devbox.commands.ssh:proxy",
-        parents=[backend],
-        help="bridge stdin/stdout to a box (ssh ProxyCommand)",
-    )
-    proxy.add_argument("name")
-    _offer(proxy, name=BOX_NAME)
-
-    cfg = _command(
-        sub,
-        "ssh-config",
-        "devbox.commands.ssh:ssh_config",
-        parents=[backend],
-        help="OpenSSH config for your boxes",
-        description="Print a `Host NAME.devbox` block per box (and pin each box's host key). "
-        "--write keeps them in a devbox file that ~/.ssh/config Includes, for OpenSSH, "
-        "VS Code and every ssh-based tool; --inline prints self-contained blocks for "
-        "clients that do not follow Include or Match (paramiko, Fabric): save them to a "
-        "file and point the client at it.",
-    )
-    how = cfg.add_mutually_exclusive_group()
-    how.add_argument(
-        "--write",
-        action="store_true",
-        help="write it to a devbox file and Include that from ~/.ssh/config",
-    )
-    how.add_argument(
-        "--inline",
-        action="store_true",
-        help="print complete blocks (HostName, ProxyCommand, User, IdentityFile, "
-        "UserKnownHostsFile, ...) for paramiko, Fabric and other clients without Include; "
-        "paramiko: SSHConfig.from_path(FILE).lookup('NAME.devbox'), load_host_keys() its "
-        "userknownhostsfile, connect with sock=ProxyCommand(its proxycommand)",
-    )
-
-    keep = _command(
-        sub,
-        "keep",
-        "devbox.commands.boxes:keep",
-        parents=[backend],
-        help="hold a box against idle release for a while",
-    )
-    keep.add_argument("name", nargs="?", help="the box (default: the box this runs in)")
-    keep.add_argument(
-        "--for", dest="duration", type=_duration, default=4 * 3600.0, help="30m, 4h, 1d (4h)"
-    )
-    keep.add_argument("--off", action="store_true", help="end the hold now")
-    _offer(keep, name=BOX_NAME)
-
-    stats = _command(
-        sub,
-        "stats",
-        "devbox.commands.stats:stats",
-        parents=[backend],
-        help="live GPU, host and process telemetry of a box",
-    )
-    stats.add_argument("name")
-    _offer(stats, name=BOX_NAME)
-    stats.add_argument("--json", action="store_true", help="JSON: one sample per line")
-    stats.add_argument("--watch", "-w", action="store_true", help="keep streaming (ctrl-c ends)")
-    stats.add_argument("--rate", type=_rate, default=1.0, help="samples per second (default 1)")
-    stats.add_argument("--count", "-c", type=_count, help="stop after COUNT samples")
-    stats.add_argument(
-        "--history", action="store_true", help="with --json: the last 10 minutes first"
-    )
-
-    _probe_parser(sub, backend)
-
-    tui = _command(
-        sub,
-        "tui",
-        "devbox.commands.tui:run",
-        parents=[backend],
-        help="full-screen dashboard of your boxes",
-    )
-    tui.add_argument(
-        "--rate", type=_rate, default=1.0, help="telemetry samples per second per box (default 1)"
-    )
-
-    pool = _command(
-        sub,
-        "pool",
-        "devbox.commands.boxes:pool",
-        help="kubernetes: the warm pool of unclaimed boxes",
-    )
-    pool_sub = pool.add_subparsers(
-        dest="pool_command", metavar="ACTION", parser_class=_Parser, required=True
-    )
-    warm = pool_sub.add_parser("warm", parents=[backend], help="top the pool up to --size pods")
-    warm.add_argument("--profile", default="default", help="the pods' profile (default)")
-    warm.add_argument("--gpus", type=_gpu_count, help="GPUs per warm pod (default: the profile's)")
-    warm.add_argument("--size", type=_gpu_count, default=1, help="unclaimed pods to keep")
-    warm.add_argument("--no-wait", action="store_true", help="do not wait for them to start")
-    warm.add_argument("--timeout", type=_seconds, help="seconds to wait for them to start")
-    warm.add_argument("--json", action="store_true", help="the pool as a JSON array")
-    pls = pool_sub.add_parser("ls", parents=[backend], help="list the warm pods")
-    pls.add_argument("--json", action="store_true")
-
-    profiles = _command(
-        sub,
-        "profiles",
-        "devbox.commands.boxes:profiles",
-        parents=[backend],
-        help="the box profiles you may claim, and their source",
-    )
-    profiles.add_argument("--json", action="store_true", help="one JSON array of profiles")
-
-    _add_run_commands(sub, backend)
-    scaler = _command(
-        sub,
-        "autoscaler",
-        "devbox.commands.autoscaler:run",
-        parents=[backend],
-        help="release idle boxes (warning first), keep warm pools",
-    )
-    scaler.add_argument(
-        "--config",
-        type=Path,
-        help="settings file (default: the ConfigMap devbox-autoscaler on kubernetes, "
-        "~/.config/devbox/autoscaler.toml locally)",
-    )
-    scaler.add_argument("--once", action="store_true", help="one reconcile pass, then exit")
-    explain = _command(
-        sub,
-        "explain",
-        "devbox.commands.autoscaler:explain",
-        parents=[backend],
-        help="why the autoscaler keeps a box, or released it",
-    )
-    explain.add_argument("name")
-    _offer(explain, name=BOX_NAME)
-    explain.add_argument("--config", type=Path, help="settings file, as for `devbox autoscaler`")
-    explain.add_argument("--json", action="store_true", help="the verdict as JSON")
-
-    agent = sub.add_parser("agent", help="run a box's agent (used by the backends)", add_help=False)
-    setattr(agent, _HIDDEN, True)
+    for command in COMMANDS:
+        if only is not None and command.name != only:
+            continue
+        parents = [backend] if command.backend_flags else []
+        made: argparse.ArgumentParser = sub.add_parser(
+            command.name, parents=parents, **command.options
+        )
+        made.set_defaults(handler=command.handler)
+        command.arguments(made, backend)
+    if only is None:
+        agent = sub.add_parser(
+            "agent", help="run a box's agent (used by the backends)", add_help=False
+        )
+        setattr(agent, _HIDDEN, True)
     return parser
 
 
-# `devbox run` and what looks after runs; their handlers live in devbox.runs.commands.
-
-
-def _add_run_commands(sub: argparse._SubParsersAction[_Parser], backend: _Parser) -> None:
-    run = _command(
-        sub,
-        "run",
-        "devbox.commands.runs:run",
-        parents=[backend],
-        help="run CMD in a box, detached, with a record (ctrl-c detaches)",
-        usage="devbox run [--box NAME | --gpus N] [--sync DIR | --no-sync] [--detach] -- CMD ...",
-    )
-    run.add_argument("--box", help="the box to run in (default: claim a new one)")
-    run.add_argument("--gpus", type=_gpu_count, help="claim a new box with N GPUs for it")
-    run.add_argument("--sync", metavar="DIR", help="folder synced into the box (default: .)")
-    run.add_argument("--no-sync", action="store_true", help="sync nothing; run in the home")
-    run.add_argument(
-        "--detach", "-d", action="store_true", help="print the run id and return at once"
-    )
-    run.add_argument("cmd", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
-    _offer(run, box=BOX_NAME)
-
-    runs = _command(
-        sub,
-        "runs",
-        "devbox.commands.runs:runs",
-        parents=[backend],
-        help="list the runs of a box (or all)",
-    )
-    runs.add_argument("name", nargs="?", help="box name (default: every running box)")
-    _offer(runs, name=BOX_NAME)
-    runs.add_argument("--json", action="store_true", help="one JSON array of run records")
-
-    logs = _command(
-        sub,
-        "logs",
-        "devbox.commands.runs:logs",
-        parents=[backend],
-        help="print or follow a run's output",
-    )
-    logs.add_argument("name")
-    logs.add_argument("run")
-    _offer(logs, name=BOX_NAME, run=RUN_ID)
-    logs.add_argument("--follow", "-f", action="store_true", help="until the run ends")
-
-    attach = _command(
-        sub, "attach", "devbox.commands.runs:attach", parents=[backend], help="join a run's window"
-    )
-    attach.add_argument("name")
-    attach.add_argument("run")
-    _offer(attach, name=BOX_NAME, run=RUN_ID)
-
-    kill = _command(
-        sub,
-        "kill",
-        "devbox.commands.runs:kill",
-        parents=[backend],
-        help="stop a run (SIGTERM, then SIGKILL)",
-    )
-    kill.add_argument("name")
-    kill.add_argument("run")
-    _offer(kill, name=BOX_NAME, run=RUN_ID)
-
-    sync = _command(
-        sub,
-        "sync",
-        "devbox.commands.runs:sync_",
-        parents=[backend],
-        help="sync a folder into a box, as `devbox run` does",
-    )
-    sync.add_argument("name")
-    sync.add_argument("dir", nargs="?", default=".", help="the folder (default: .)")
-    _offer(sync, name=BOX_NAME)
-
-    comp = _command(
-        sub,
-        "completion",
-        "devbox.cli.completion:command",
-        help='shell completion: eval "$(devbox completion bash)"',
-    )
-    comp.add_argument("shell", choices=("bash", "zsh"))
+def command_word(argv: list[str]) -> str | None:
+    """The command `argv` names, when it names one before anything else but flags (the
+    top-level parser's flags take no values); None for --help, a typo, or nothing."""
+    for word in argv:
+        if not word.startswith("-"):
+            return word if word in _NAMES else None
+        if word in ("-h", "--help", "--version", "--"):
+            return None
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -482,7 +520,7 @@ def main(argv: list[str] | None = None) -> int:
         from devbox.cli.completion import complete
 
         return complete(argv[1:])
-    args = build_parser().parse_args(argv)
+    args = build_parser(only=command_word(argv)).parse_args(argv)
     if args.command is None:
         build_parser().print_help()
         return EXIT_USAGE
