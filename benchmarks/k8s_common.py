@@ -1,23 +1,32 @@
-"""What the Kubernetes benchmarks share: claim to a shell prompt on a terminal, download
-rates through two paths to one agent, and kubectl port-forward as the peer path."""
+"""What the Kubernetes benchmarks share: claim to a shell prompt on a terminal (devbox's,
+and its peer's: the same requests from a minimal Python client, benchmarks/k8s_raw_claim.py),
+devbox's two bytecode modes, download rates through two paths to one agent, and kubectl
+port-forward as the peer path."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import fcntl
 import io
+import json
 import os
 import pty
 import select
+import shutil
 import socket
 import struct
 import subprocess
+import sys
 import termios
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from benchmarks.harness import REPO, Sandbox
+import yaml
+
+from benchmarks.harness import REPO, Sandbox, bytecode_env, devbox_command
+from devbox import protocol
 
 
 def cluster_bin() -> Path:
@@ -71,7 +80,10 @@ def claim_to_shell(argv: list[str], env: dict[str, str], timeout: float = 60) ->
             ready, _, _ = select.select([master], [], [], timeout)
             if not ready:
                 raise SystemExit(f"no shell after {timeout} s: {seen[-500:]!r}")
-            seen += os.read(master, 65536)
+            try:
+                seen += os.read(master, 65536)
+            except OSError:  # EIO: the command ended, and the terminal with it
+                raise SystemExit(f"{argv} ended before its shell: {seen[-800:]!r}") from None
         elapsed = time.perf_counter() - start
         os.write(master, b"\x01d")  # detach screen: the box stays, the client ends
         proc.wait(timeout=30)
@@ -119,3 +131,103 @@ def configure_kube_user(
         f'namespace = "{namespace}"\nhome_storage_class = "devbox-sim"\n'
         f'image = "{image}"\nstart_timeout = 300\n{extra}'
     )
+
+
+# devbox's start-up in the two ways a user meets it. Each mode has a bytecode folder of its
+# own (PYTHONPYCACHEPREFIX), so what other work on this checkout leaves in devbox's
+# __pycache__ folders changes neither figure.
+CACHED = "bytecode_cached"  # `pip install .`: every module's bytecode is there
+COMPILED = "devbox_compiled_each_run"  # PYTHONDONTWRITEBYTECODE=1 in an editable install
+
+
+def bytecode_modes(
+    env: dict[str, str], root: Path, warm_up: Callable[[dict[str, str]], None]
+) -> dict[str, dict[str, str]]:
+    """{mode: env}. `warm_up(env)` runs the measured command once per mode, writing the
+    bytecode of every module it imports; then, for COMPILED, devbox's own (everything
+    under the repository) is removed and nothing may be written again: the standard
+    library and the dependencies stay compiled, as in any install, devbox's modules are
+    compiled by every run."""
+    modes = {}
+    for mode in (CACHED, COMPILED):
+        folder = root / f"pyc-{mode}"
+        made = dict(bytecode_env(env, write=True), PYTHONPYCACHEPREFIX=str(folder))
+        warm_up(made)
+        if mode == COMPILED:
+            shutil.rmtree(folder / str(REPO).lstrip("/"), ignore_errors=True)
+            made = dict(bytecode_env(env, write=False), PYTHONPYCACHEPREFIX=str(folder))
+        modes[mode] = made
+    return modes
+
+
+def raw_claim_spec(sb: Sandbox, kubeconfig: Path, namespace: str, *, profile: str) -> Path:
+    """The peer's credentials as PEM files and its owner as devbox names it (the API
+    server's name for the kubeconfig's user, which devbox cached on its first claim)."""
+    doc = yaml.safe_load(kubeconfig.read_text())
+    cluster, user = doc["clusters"][0]["cluster"], doc["users"][0]["user"]
+    folder = sb.root / "raw"
+    folder.mkdir(exist_ok=True)
+    for name, data in (
+        ("ca.pem", cluster["certificate-authority-data"]),
+        ("cert.pem", user["client-certificate-data"]),
+        ("key.pem", user["client-key-data"]),
+    ):
+        (folder / name).write_bytes(base64.b64decode(data))
+    (folder / "key.pem").chmod(0o600)
+    cached = next((Path(sb.env["HOME"]) / ".local/state/devbox/identity").glob("*.json"))
+    owner = json.loads(cached.read_text())["username"]
+    server = cluster["server"].removeprefix("https://")
+    host, _, port = server.rpartition(":")
+    spec = {
+        "host": host,
+        "port": int(port),
+        "ca": str(folder / "ca.pem"),
+        "cert": str(folder / "cert.pem"),
+        "key": str(folder / "key.pem"),
+        "namespace": namespace,
+        "profile": profile,
+        "owner": owner,
+        "owner_label": protocol.owner_label(owner),
+        "owner_key": (sb.key.with_suffix(".pub")).read_text().strip(),
+        "ssh_key": str(sb.key),
+        "known_hosts": str(folder / "known_hosts"),
+    }
+    path = folder / "spec.json"
+    path.write_text(json.dumps(spec))
+    return path
+
+
+def raw_claim_command(spec: Path, name: str) -> list[str]:
+    """The peer: no site (no .pth files, no editable-install hook), no environment."""
+    return [sys.executable, "-S", "-E", str(REPO / "benchmarks/k8s_raw_claim.py"), str(spec), name]
+
+
+def warm_claims(
+    sb: Sandbox,
+    modes: dict[str, dict[str, str]],
+    raw_spec: Path,
+    *,
+    profile: list[str],
+    tag: str,
+) -> dict[str, Callable[[], float]]:
+    """One take per way of claiming a warm pod to a shell: devbox in each bytecode mode,
+    and the raw peer. Each take first tops the pool up to one ready pod (not timed) and
+    releases its box after (not timed either)."""
+    count = iter(range(1_000_000))
+
+    def take(argv_of: Callable[[str], list[str]], env: dict[str, str]) -> Callable[[], float]:
+        def run() -> float:
+            name = f"{tag}{next(count)}"
+            sb.devbox("pool", "warm", *profile, "--size", "1")  # waits until the pod serves
+            took = claim_to_shell(argv_of(name), env)
+            sb.devbox("down", name, "--now", check=False)
+            return took
+
+        return run
+
+    takes = {
+        mode: take(lambda n: [*devbox_command(), "up", n, *profile], env)
+        for mode, env in modes.items()
+    }
+    takes["raw_peer"] = take(lambda n: raw_claim_command(raw_spec, n), sb.env)
+    return takes
