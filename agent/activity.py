@@ -30,6 +30,15 @@ log = logging.getLogger("devbox.agent")
 ACTIVITY_WRITE_INTERVAL = 1.0
 # A failing activity write (a full or read-only state disk) is logged at most this often.
 ACTIVITY_FAILURE_LOG_INTERVAL = 300.0
+# The box is quiet (its sampler may slow down: agent.telemetry) once this long has passed
+# without use, a probe step, a running `devbox run` or load: long enough that a person
+# pausing between commands or a loop between epochs keeps its 1 Hz history.
+QUIET_AFTER = 30.0
+# Load is any GPU at least this busy (percent), or the box's processes (the agent left
+# out) using this much CPU (percent of one core): a shell at its prompt uses none, a
+# `watch` or a download some.
+QUIET_GPU_UTIL = 5.0
+QUIET_CPU = 1.0
 
 
 @dataclass
@@ -37,7 +46,7 @@ class Activity:
     """What the box's users do: the autoscaler and `devbox ls` read it from the activity file."""
 
     path: Path | None
-    last_input: float = field(default_factory=time.time)
+    last_input: float = field(default_factory=lambda: time.time())
     clients: int = 0
     # A training loop with nobody typing is activity: the probe hub notes each batch it gets.
     last_probe: float = 0.0
@@ -60,6 +69,11 @@ class Activity:
     stalled_since: float = 0.0
     hung_since: float = 0.0
     on_hung: Callable[[float], None] | None = None
+    # Told of every sign of use (input, traffic, probe steps, clients, a new run): the
+    # sampler's way back to its full rate from a quiet box's slow ticks.
+    on_use: Callable[[], None] | None = None
+    # time.time() of the newest sample that showed load (QUIET_GPU_UTIL, QUIET_CPU).
+    _loaded_at: float = field(default_factory=lambda: time.time())
     _written: float = 0.0
     # Failed writes since the last logged one, and when that was (monotonic; 0: none yet).
     _failures: int = 0
@@ -67,7 +81,12 @@ class Activity:
 
     def input(self) -> None:
         self.last_input = time.time()
+        self._used()
         self._maybe_write()
+
+    def _used(self) -> None:
+        if self.on_use is not None:
+            self.on_use()
 
     def keys(self, nbytes: int) -> None:
         """Keys typed in a terminal: each is a person at work."""
@@ -85,14 +104,18 @@ class Activity:
         self._windows[kind] = (start, total)
         if total >= protocol.TRAFFIC_FLOOR:
             self.last_traffic[kind] = time.time()
+            self._used()
             self._maybe_write()
 
     def probe(self) -> None:
         self.last_probe = time.time()
+        self._used()
         self._maybe_write()
 
     def set_runs(self, count: int) -> None:
         if count != self.runs:
+            if count > self.runs:
+                self._used()
             self.runs = count
             self._maybe_write(force=True)
 
@@ -102,15 +125,12 @@ class Activity:
         me = os.getpid()
         cpus = [p["cpu"] for p in sample["processes"] if p["pid"] != me and p["cpu"] is not None]
         t = sample["t"]
-        self._load.append(
-            (
-                t,
-                sum(utils) / len(utils) if utils else None,
-                sum(cpus) if cpus else (0.0 if sample["processes"] else None),
-            )
-        )
+        cpu = sum(cpus) if cpus else (0.0 if sample["processes"] else None)
+        self._load.append((t, sum(utils) / len(utils) if utils else None, cpu))
         while self._load[0][0] < t - protocol.ACTIVITY_WINDOW:
             self._load.popleft()
+        if max(utils, default=0.0) >= QUIET_GPU_UTIL or (cpu or 0.0) >= QUIET_CPU:
+            self._loaded_at = t
         self._judge(sample["gpus"], t)
         # Rewritten at most once a second: its age is also the local box's heartbeat.
         self._maybe_write()
@@ -136,6 +156,14 @@ class Activity:
             self._maybe_write(force=True)
             if self.on_hung is not None:
                 self.on_hung(self.hung_since)
+
+    def quiet(self) -> bool:
+        """Nothing has happened in the box for QUIET_AFTER: no use by a person, no probe
+        step, no run going, no load, and it does not look stalled (devbox.hang)."""
+        if self.runs or self.stalled_since:
+            return False
+        busy = max(self._loaded_at, self.last_probe, self.last_use())
+        return time.time() - busy >= QUIET_AFTER
 
     def last_use(self) -> float:
         """When a person last used the box, by any signal (protocol.last_use)."""
@@ -166,6 +194,8 @@ class Activity:
 
     def client(self, delta: int) -> None:
         self.clients += delta
+        if delta > 0:
+            self._used()
         self._maybe_write(force=True)
 
     def _maybe_write(self, *, force: bool = False) -> None:

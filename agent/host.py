@@ -6,7 +6,9 @@ hundred box processes. One tick with 200 box processes, measured on a 2-core VM:
 psutil.process_iter with attrs over the host, 31 ms for cached psutil.Process objects
 read in oneshot(), 5 ms reading /proc/PID/stat (one file per process) directly. So on
 Linux the per-process reads go straight to /proc, and psutil is the fallback elsewhere.
-Host-wide figures come from psutil on both: a handful of calls per tick.
+Host-wide figures come from /proc files kept open on Linux, from psutil elsewhere. psutil
+is imported only on that fallback: on Linux it would be 2 MiB of the agent's memory for
+nothing (benchmarks/bench_idle.py).
 
 Which processes are the box's:
 - all_processes (inside a pod, own PID namespace): everything visible.
@@ -31,11 +33,12 @@ import os
 import pwd
 import time
 from dataclasses import dataclass
-from typing import Any, NamedTuple
-
-import psutil
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from devbox.protocol import BoxProcess, HostSample
+
+if TYPE_CHECKING:
+    import psutil
 
 CMDLINE_CHARS = 200
 # UTF-8 needs at most 4 bytes a character: reading more is wasted on huge command lines.
@@ -187,6 +190,8 @@ class _Psutil:
         self._handles: dict[int, psutil.Process] = {}
 
     def _handle(self, pid: int) -> psutil.Process:
+        import psutil
+
         handle = self._handles.get(pid)
         if handle is None:
             try:
@@ -196,12 +201,16 @@ class _Psutil:
         return handle
 
     def pids(self) -> set[int]:
+        import psutil
+
         return set(psutil.pids())
 
     def last_pid(self) -> int | None:
         return None  # unknown: list every time
 
     def stat(self, pid: int, *, keep: bool = False) -> _Stat:
+        import psutil
+
         handle = self._handle(pid)
         try:
             with handle.oneshot():
@@ -220,12 +229,16 @@ class _Psutil:
             raise _Gone from None
 
     def cmdline(self, pid: int) -> list[str]:
+        import psutil
+
         try:
             return list(self._handle(pid).cmdline())
         except (psutil.Error, _Gone):
             return []
 
     def environ(self, pid: int) -> bytes:
+        import psutil
+
         try:
             env = self._handle(pid).environ()
         except (psutil.Error, _Gone):
@@ -530,9 +543,13 @@ class _PsutilHost:
     """The same figures through psutil, for systems without a Linux /proc."""
 
     def cpu(self) -> list[tuple[float, float]]:
+        import psutil
+
         return [_busy_total(t) for t in psutil.cpu_times(percpu=True)]
 
     def memory(self) -> tuple[int, int, int]:
+        import psutil
+
         mem = psutil.virtual_memory()
         # "Used" as /proc reads it above: what is not available to new work.
         return mem.total - mem.available, mem.total, psutil.swap_memory().used
@@ -558,6 +575,8 @@ def _percent(prev: tuple[float, float], cur: tuple[float, float]) -> float:
 
 
 def _disk_bytes() -> tuple[int, int] | None:
+    import psutil
+
     try:
         io = psutil.disk_io_counters()
     except (OSError, NotImplementedError):  # no /proc/diskstats nor /sys/block
@@ -566,6 +585,8 @@ def _disk_bytes() -> tuple[int, int] | None:
 
 
 def _net_bytes() -> tuple[int, int] | None:
+    import psutil
+
     try:
         nics = psutil.net_io_counters(pernic=True)
     except OSError:

@@ -266,7 +266,7 @@ async def _serve(
 
     import asyncssh
 
-    from agent import notices, runs, saving, services
+    from agent import notices, saving, services
     from agent.server import Agent, BoxIdentity, serve
 
     stop = asyncio.Event()
@@ -296,11 +296,11 @@ async def _serve(
         probe_socket=args.probe_socket,
         alerts_file=args.alerts_file,
         hang_rule=args.hang,
+        runs_dir=lambda: box.runs_dir,
     )
     tasks = box_services.tasks
     # Telemetry starts a moment late: the first SSH connection after `devbox up` comes first.
     tasks.spawn("telemetry", box_services.telemetry.run(delay=0.5))
-    tasks.spawn("runs", runs.watch(box_services.activity, lambda: box.runs_dir), forever=True)
     # Once everything long-lived is imported and built (asyncssh, NVML, the sampler), move
     # it out of the cyclic GC's sight: each tick allocates hundreds of small objects, and
     # the collections they trigger otherwise re-scan all of asyncssh every time (a third

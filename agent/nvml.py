@@ -69,6 +69,10 @@ class GpuReader:
         self._nvml: Any = None
         self._devices: list[_Device] = []
         self._minors: dict[int, int | None] = {}
+        if uuids is not None and not uuids:
+            # A box of no GPUs reads none: pynvml (2 MiB once imported, for the agent's
+            # life) and the driver's library stay out of its memory.
+            return
         try:
             import pynvml
         except ImportError:

@@ -8,11 +8,13 @@ import logging
 import os
 import socket
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from agent.activity import Activity
 from agent.probehub import ProbeHub
+from agent.runs import note as note_runs
 from agent.tasks import Tasks
 from agent.telemetry import Telemetry
 from devbox import hang, private, protocol
@@ -45,20 +47,25 @@ async def build(
     probe_socket: Path | None,
     alerts_file: Path | None,
     hang_rule: hang.Rule,
+    runs_dir: Callable[[], Path] | None = None,
 ) -> AgentServices:
     """The services of the box `box`. gpu_uuids None: every GPU this process sees is the
     box's (in a pod the device plugin chose them); all_processes: telemetry shows every
-    process visible, not only the agent's and its sessions'."""
+    process visible, not only the agent's and its sessions'; runs_dir: where `devbox run`
+    records its runs (asked each time: a warm pod's home is known only once claimed)."""
     activity = Activity(activity_file, rule=hang_rule)
+    telemetry = _telemetry(
+        box,
+        activity,
+        gpu_uuids=gpu_uuids,
+        all_processes=all_processes,
+        rate=telemetry_rate,
+        runs_dir=runs_dir,
+    )
+    activity.on_use = telemetry.hurry
     return AgentServices(
         activity=activity,
-        telemetry=_telemetry(
-            box,
-            activity,
-            gpu_uuids=gpu_uuids,
-            all_processes=all_processes,
-            rate=telemetry_rate,
-        ),
+        telemetry=telemetry,
         probe_hub=await _probe_hub(
             box, activity, home=home, path=probe_socket, alerts_file=alerts_file
         ),
@@ -73,14 +80,21 @@ def _telemetry(
     gpu_uuids: list[str] | None,
     all_processes: bool,
     rate: float,
+    runs_dir: Callable[[], Path] | None,
 ) -> Telemetry:
-    from agent.sampling import BoxSources  # NVML and psutil: opened in the sampler's thread
+    from agent.sampling import BoxSources  # NVML and /proc: opened in the sampler's thread
+
+    def on_sample(sample: protocol.Sample) -> None:
+        if runs_dir is not None:
+            note_runs(activity, runs_dir)  # before observe: a run keeps the box unquiet
+        activity.observe(sample)
 
     return Telemetry(
         box=box,
         base_rate=rate,
         activity=activity.snapshot,
-        on_sample=activity.observe,
+        on_sample=on_sample,
+        quiet=activity.quiet,
         open_sources=lambda: BoxSources(
             gpu_uuids=gpu_uuids,
             root_pid=os.getpid(),

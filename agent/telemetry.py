@@ -7,12 +7,19 @@ for, and at `base_rate` when nobody watches, so that history and the activity
 signal are always there. Each sample is encoded once and the same bytes go to
 every subscriber. A subscriber holds at most one pending sample: a slow reader
 skips samples (the `seq` gap shows it) instead of growing a queue.
+
+An idle box costs nothing it need not: while nobody watches and the box is quiet
+(`quiet()`, the activity record's verdict: no use, no run, no load for a while) the
+sampler ticks once every `quiet_interval` seconds instead of `base_rate` times a
+second. That still judges the hang rule (quiet GPUs are not busy, so not stalled;
+GPUs turning busy end the quiet at the next tick), keeps the activity record fresh
+enough to be the local box's heartbeat, and records history at that interval; use,
+a subscriber or load brings the full rate back at once (`hurry`, or the next tick).
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import contextlib
 import json
 import logging
@@ -21,6 +28,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
+from agent.history import History
 from agent.streams import LineReader, RequestError, fail
 from devbox import protocol
 from devbox.protocol import BoxProcess, GpuSample, HostSample, Sample
@@ -31,6 +39,11 @@ REQUEST_TIMEOUT = 30.0
 # HISTORY is sent in frames of at most this many samples, each well under MAX_FRAME_BYTES.
 HISTORY_CHUNK = 120
 _HISTORY_HEAD = b'{"v":%d,"type":"%s","samples":[' % (protocol.VERSION, protocol.HISTORY.encode())
+# Seconds between ticks while the box is quiet and unwatched: well inside the autoscaler's
+# unhealthy_after (2 minutes by default; 20 s in the tests that shorten it), since each
+# tick rewrites the activity file whose age is the local box's heartbeat, and as often as
+# a pod's Lease is renewed.
+QUIET_INTERVAL = 10.0
 
 
 class GpuSource(Protocol):
@@ -100,6 +113,8 @@ class Telemetry:
         history_seconds: int = protocol.HISTORY_SECONDS,
         activity: Callable[[], protocol.Activity] | None = None,
         on_sample: Callable[[Sample], None] | None = None,
+        quiet: Callable[[], bool] | None = None,
+        quiet_interval: float = QUIET_INTERVAL,
     ) -> None:
         self.box = box
         self._activity = activity
@@ -108,12 +123,20 @@ class Telemetry:
         self._base_rate = base_rate
         self._subs: set[Subscription] = set()
         self._rate = base_rate  # the sampler's: the fastest any subscriber asked for
+        # Wakes the sampler thread: to sample at once (`_now`), or to plan its next tick
+        # again because the rate changed (a quiet box's slow ticks began or ended).
         self._poke = threading.Event()
+        self._now = False
+        self._last_tick = 0.0  # monotonic: when the sampler's newest tick was due
         self._latest_line: bytes | None = None
+        self._latest_at = 0.0  # monotonic: when the newest sample was published
+        # Whether the box may be sampled slowly (None: never); asked on the event loop
+        # after each sample. `slow` is the answer, read by the sampler thread.
+        self._quiet = quiet
+        self._quiet_interval = quiet_interval
+        self.slow = False
         # Compact samples (no process tables), encoded, one per 1/base_rate seconds.
-        self._history: collections.deque[bytes] = collections.deque(
-            maxlen=max(1, int(history_seconds * base_rate))
-        )
+        self.history = History(history_seconds)
         self._history_t = 0.0
         self._seq = 0
         self.failure: str | None = None  # why there is no telemetry, when the sources failed
@@ -121,8 +144,20 @@ class Telemetry:
     def _rates_changed(self) -> None:
         rate = max([self._base_rate, *(s.rate for s in self._subs)])
         faster, self._rate = rate > self._rate, rate
-        if faster:
-            self._poke.set()  # a subscriber wants more than the sampler gives: sample now
+        if faster or (self.slow and self._subs):
+            # A subscriber wants more than the sampler gives: sample now.
+            self.slow = False
+            self._sample_now()
+
+    def hurry(self) -> None:
+        """Back to the full rate now (someone uses the box); on the event loop."""
+        if self.slow:
+            self.slow = False
+            self._sample_now()
+
+    def _sample_now(self) -> None:
+        self._now = True
+        self._poke.set()
 
     # --- the sampling loop ------------------------------------------------------------
     #
@@ -160,6 +195,14 @@ class Telemetry:
             return
         next_at = time.monotonic()
         while not stop.is_set():
+            wait = next_at - time.monotonic()
+            if wait > 0 and self._poke.wait(wait):
+                self._poke.clear()
+                if not self._now:  # only the rate changed: wait for the tick it puts next
+                    next_at = self._last_tick + self._interval()
+                    continue
+            self._now = False
+            self._last_tick = next_at = min(next_at, time.monotonic())
             try:
                 sample, line = self._take(sources)
             except Exception:  # one bad tick must not end telemetry for good
@@ -169,11 +212,10 @@ class Telemetry:
                     loop.call_soon_threadsafe(self._publish, sample, line)
                 except RuntimeError:
                     return  # the event loop is gone: the agent is ending
-            now = time.monotonic()
-            next_at = max(next_at + 1.0 / self._rate, now)  # behind schedule: no burst
-            if self._poke.wait(next_at - now):
-                self._poke.clear()
-                next_at = time.monotonic()
+            next_at = max(next_at + self._interval(), time.monotonic())  # late: no burst
+
+    def _interval(self) -> float:
+        return self._quiet_interval if self.slow else 1.0 / self._rate
 
     def _fail(self, message: str, ended: asyncio.Future[None]) -> None:
         self.failure = message
@@ -195,20 +237,24 @@ class Telemetry:
         return sample, protocol.encode(protocol.SAMPLE, **sample)
 
     def _publish(self, sample: Sample, line: bytes) -> None:
-        self._latest_line = line
+        now = time.monotonic()
+        self._latest_line, self._latest_at = line, now
         if self._on_sample is not None:
             self._on_sample(sample)
-        now = time.monotonic()
         if now - self._history_t >= 0.95 / self._base_rate:
             self._history_t = now
-            self._history.append(_compact(sample))
+            self.history.add(now, _compact(sample))
         slack = 0.5 / self._rate
         for sub in self._subs:
             sub.offer(line, now, slack)
+        slow = not self._subs and self._quiet is not None and self._quiet()
+        if slow != self.slow:
+            self.slow = slow
+            self._poke.set()  # the sampler may be waiting for a tick this changes
 
     def history_frames(self) -> list[bytes]:
         """HISTORY frames, oldest first; built from the already-encoded compact samples."""
-        items = list(self._history)
+        items = self.history.entries(time.monotonic())
         frames = []
         for start in range(0, len(items), HISTORY_CHUNK):
             chunk = b",".join(items[start : start + HISTORY_CHUNK])
@@ -242,8 +288,11 @@ class Telemetry:
                 await drain()
         self._subs.add(sub)
         self._rates_changed()
-        if self._latest_line is not None:
-            sub.offer(self._latest_line, time.monotonic(), 0.0)  # a snapshot needs no wait
+        now = time.monotonic()
+        # A snapshot needs no wait; one from a quiet tick seconds ago is stale, and the
+        # poke above brings a fresh one at once.
+        if self._latest_line is not None and now - self._latest_at <= 1.5 / self._base_rate:
+            sub.offer(self._latest_line, now, 0.0)
         requests = asyncio.ensure_future(self._follow_requests(lines, sub))
         try:
             while not requests.done():

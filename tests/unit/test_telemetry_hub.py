@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import json
+import time
 
 import pytest
 
@@ -253,7 +254,7 @@ def test_sources_that_cannot_open_are_an_error_frame_not_a_crash() -> None:
 def test_history_frames_are_valid_json_in_bounded_chunks() -> None:
     hub = Telemetry(box="b", open_sources=CountingSources, history_seconds=1000)
     for i in range(300):
-        hub._history.append(json.dumps({"seq": i}).encode())
+        hub.history.add(time.monotonic(), json.dumps({"seq": i}).encode())
     frames = [protocol.decode(f) for f in hub.history_frames()]
     assert [len(f.body["samples"]) for f in frames] == [120, 120, 60]
     assert [s["seq"] for f in frames for s in f.body["samples"]] == list(range(300))
