@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -132,6 +131,10 @@ def load(path: Path | None = None) -> Config:
         return Config()
     except OSError as exc:
         raise UsageError(f"cannot read config file {path}: {exc.strerror}") from None
+    # Only with a file to read: the TOML parser (and the datetime it brings) is a tenth of
+    # a command's start-up without one.
+    import tomllib
+
     try:
         data = tomllib.loads(raw.decode("utf-8"))
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:

@@ -12,8 +12,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib
-import socket
-import threading
 from typing import TYPE_CHECKING, Any
 
 from devbox import config as config_mod
@@ -23,6 +21,8 @@ from devbox.boxes import Box
 from devbox.errors import DevboxError, UsageError
 
 if TYPE_CHECKING:
+    import socket
+
     from devbox.backends.clusters import Clusters
 
 
@@ -156,6 +156,8 @@ def prefetch_client(backend: Backend) -> None:
     from devbox.ssh import openssh
 
     if not backend.direct_ssh and openssh.available() is None:
+        import threading
+
         threading.Thread(
             target=importlib.import_module, args=("devbox.ssh.client",), daemon=True
         ).start()

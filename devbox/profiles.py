@@ -22,7 +22,6 @@ carries its shape) and starts cold.
 from __future__ import annotations
 
 import re
-import tomllib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -105,6 +104,8 @@ def check_name(name: object, what: str) -> str:
 def parse_document(text: str, *, source: str) -> tuple[Profile, ...]:
     """A ConfigMap's profiles.toml: `[profiles.NAME]` tables, as in config.toml, and
     nothing else. `source` names it in every error."""
+    import tomllib  # only when there is a document: see devbox.config.load
+
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

@@ -8,7 +8,6 @@ callers ask the backend, and never probe it with getattr/isinstance or branch on
 from __future__ import annotations
 
 import builtins
-import socket
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
@@ -17,6 +16,8 @@ from devbox.boxes import Box, BoxSpec
 from devbox.profiles import Profile
 
 if TYPE_CHECKING:
+    import socket
+
     from devbox.autoscaler.world import Inspectable
 
 

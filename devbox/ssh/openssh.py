@@ -13,9 +13,10 @@ unchanged). DEVBOX_SSH_CLIENT=builtin forces the built-in client.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
-import subprocess
+import signal
 
 from devbox import paths
 from devbox.boxes import Box
@@ -74,7 +75,17 @@ def argv(ssh: str, box: Box, command: str | None, *, tty: bool) -> list[str]:
 
 
 def run(ssh: str, box: Box, command: str | None, *, tty: bool) -> int:
-    return subprocess.call(argv(ssh, box, command, tty=tty))
+    """ssh on this terminal, its exit status. posix_spawn, not subprocess: importing that
+    module is 5% of a `devbox ssh` (benchmarks/bench_startup.py)."""
+    pid = os.posix_spawn(ssh, argv(ssh, box, command, tty=tty), os.environ)
+    try:
+        _, status = os.waitpid(pid, 0)
+    except BaseException:  # ctrl-c (ssh got it too) or worse: never leave ssh behind
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        raise
+    return os.waitstatus_to_exitcode(status)
 
 
 def rsync_shell(ssh: str, box: Box) -> tuple[list[str], str]:

@@ -11,7 +11,6 @@ import os
 import pwd
 import shutil
 import signal
-import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +18,6 @@ from typing import TYPE_CHECKING
 
 from devbox import names, paths, private, profiles, protocol, saves
 from devbox.backends.local import keeper
-from devbox.backends.local.launcher import END_TIMEOUT, Ready, start_agent
 from devbox.backends.local.store import AUTHORIZED_KEY, HOME, HOST_KEY, RELEASE_FILE, BoxStore
 from devbox.boxes import Box, BoxSpec, BoxState, Multiplexer
 from devbox.config import Config
@@ -29,8 +27,11 @@ from devbox.ssh import known_hosts
 from devbox.ssh.keys import ensure_user_key
 
 if TYPE_CHECKING:
+    import socket
+
     from devbox.autoscaler.world import Inspectable
     from devbox.backends.base import WarmPool
+    from devbox.backends.local.launcher import Ready
 
 STOP_TIMEOUT = 10.0
 
@@ -115,6 +116,10 @@ class LocalBackend:
             private.write_text(folder / AUTHORIZED_KEY, owner_key + "\n")
             # A box gets a new host key each time it is claimed; the old pin goes with it.
             (folder / HOST_KEY).unlink(missing_ok=True)
+            # Only a claim starts an agent: the launcher (subprocess, the GPU locks) stays
+            # out of `ssh`, `ls` and `proxy`, which only read the store.
+            from devbox.backends.local.launcher import start_agent
+
             ready = start_agent(
                 name=name,
                 folder=folder,
@@ -240,6 +245,8 @@ class LocalBackend:
         return list(self._problems)
 
     def open_socket(self, box: Box) -> socket.socket:
+        import socket  # not at import: `devbox ssh` through OpenSSH opens no socket itself
+
         sock = socket.create_connection((box.host, box.port), timeout=10)
         # SSH's handshake is small writes in a row: without NODELAY each second one waits
         # for the agent's delayed ACK (40 ms), several times per connection.
@@ -330,6 +337,8 @@ class LocalBackend:
         """End every process of the box, as deleting a pod does; return once all are gone,
         and with them the box's hold on its GPUs. `longer`: the seconds the release gives
         the box's processes to save, which the keeper adds to the agent's grace."""
+        from devbox.backends.local.launcher import END_TIMEOUT  # not at import: see _claim
+
         if self.store.keeper_alive(name):
             pid = self.store.keeper_pid(name)
             if pid is None:

@@ -30,7 +30,6 @@ usage: keeper.py LOCK_FILE READY_FD AGENT_ARGV...  (the agent gets --keeper-fd F
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import fcntl
 import json
 import os
@@ -224,6 +223,8 @@ def _hold_lock(path: str) -> int:
 
 
 def _become_subreaper() -> None:
+    import ctypes  # only the keeper itself: the CLI imports this module for descendants()
+
     libc = ctypes.CDLL(None, use_errno=True)
     if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_CHILD_SUBREAPER)")
