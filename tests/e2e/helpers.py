@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -19,6 +20,7 @@ import pytest
 from devbox import gpulocks, protocol
 from tests import nvml_sim
 from tests.conftest import User
+from tests.waiting import wait_until
 
 
 def use_multiplexer(user: User, multiplexer: str) -> None:
@@ -72,6 +74,17 @@ def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+def _lock_free(path: Path) -> bool:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)  # closing drops the lock, if it was taken
+    return True
+
+
 @contextlib.contextmanager
 def impostor_agent(user: User, name: str, tmp_path: Path) -> Iterator[str]:
     """Box `name`'s agent killed and another one, with another host key, answering on its
@@ -79,6 +92,9 @@ def impostor_agent(user: User, name: str, tmp_path: Path) -> Iterator[str]:
     box = user.box_dir(name)
     port = json.loads((box / "box.json").read_text())["port"]
     os.kill(int((box / "agent.lock").read_text()), signal.SIGKILL)
+    # The kill is delivered in the kernel's time: only once the agent is gone is its lock
+    # free for the impostor (on a loaded machine it was not yet, and the impostor refused).
+    wait_until(lambda: _lock_free(box / "agent.lock"), what="the killed agent's lock to free")
     proc = subprocess.Popen(
         [sys.executable, "-m", "devbox", "agent", "--name", name, "--home", str(tmp_path),
          "--authorized-key", str(box / "authorized_key"),
