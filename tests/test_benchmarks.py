@@ -52,9 +52,12 @@ def test_throughput_benchmark() -> None:
 
 
 def test_startup_benchmark() -> None:
-    result = _run("bench_startup.py", "--runs", "2")
-    assert result["up_then_ssh_true_s"]["n"] == 2
-    assert result["help_over_python_pass"] > 0
+    result = _run("bench_startup.py", "--runs", "1", "--modes", "bytecode")
+    mode = result["modes"]["bytecode"]
+    assert mode["seconds"]["up_then_ssh_true"]["n"] == 1
+    assert mode["devbox_ssh_over_openssh"] > 0 and mode["help_over_python_pass"] > 0
+    assert set(mode["met"]) == {"up_then_ssh_true_median_s", "devbox_ssh_over_openssh"}
+    assert result["machine_before"]["cpus"] >= 1
 
 
 def test_echo_benchmark() -> None:
@@ -69,6 +72,22 @@ def test_telemetry_benchmark() -> None:
         assert run["frames"] >= 1 and run["agent_cpu_pct_of_one_core"] >= 0
         assert run["peers"]["floor"]["cpu_pct_of_one_core"] > 0
         assert run["latency_ms"]["n"] == run["frames"]
+
+
+def test_idle_benchmark() -> None:
+    result = _run("bench_idle.py", "--seconds", "1", "--windows", "1", "--settle", "0")
+    assert set(result["sets"]) == {"idle", "sshd"}
+    box = [p["comm"] for p in result["sets"]["idle"]["processes"]]
+    # The keeper and the agent (both python), screen's server and the shell in it.
+    assert sorted(box) == ["bash", "python", "python", "screen"]
+    assert sorted(p["comm"] for p in result["sets"]["sshd"]["processes"]) == [
+        "bash",
+        "screen",
+        "sshd",
+    ]
+    for s in result["sets"].values():
+        assert s["total"]["pss_mib"] > 0 and s["total"]["wakeups_per_min"] >= 0
+    assert set(result["met"]) == {"idle_box_pss_mib", "idle_box_cpu_pct_of_one_core"}
 
 
 def test_tui_benchmark() -> None:
