@@ -219,6 +219,23 @@ def bytecode_cached() -> bool:
     return Path(importlib.util.cache_from_source(devbox.cli.__file__)).exists()
 
 
+@contextlib.contextmanager
+def uncompiled_source() -> Iterator[Path]:
+    """A copy of devbox's packages without one compiled file: with PYTHONPATH at it and
+    PYTHONDONTWRITEBYTECODE=1, every process compiles devbox's modules, as every command
+    of an editable install does where that variable is set (however much bytecode the
+    working tree has by now)."""
+    root = Path(tempfile.mkdtemp(prefix="devbox-src-"))
+    try:
+        for package in ("devbox", "agent", "tui"):
+            shutil.copytree(
+                REPO / package, root / package, ignore=shutil.ignore_patterns("__pycache__")
+            )
+        yield root
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
 def bytecode_env(env: dict[str, str], *, write: bool) -> dict[str, str]:
     """`env` with Python allowed to write bytecode (write=True: what a `pip install .` user
     has, once the first run cached it) or told not to (PYTHONDONTWRITEBYTECODE=1)."""
