@@ -453,7 +453,7 @@ class KubernetesBackend:
     def open_socket(self, box: Box) -> socket.socket:
         c = self.cluster
         return portforward.open_socket(
-            c.endpoint, namespace=c.namespace, pod=box.place, port=p.SSH_PORT
+            c.rest, namespace=c.namespace, pod=box.place, port=p.SSH_PORT
         )
 
     def sync_root(self, box: Box) -> str | None:
@@ -462,7 +462,7 @@ class KubernetesBackend:
     def proxy_stdio(self, box: Box) -> bool:
         """`devbox proxy`: stdin/stdout straight onto the port-forward's WebSocket."""
         c = self.cluster
-        portforward.bridge_stdio(c.endpoint, namespace=c.namespace, pod=box.place, port=p.SSH_PORT)
+        portforward.bridge_stdio(c.rest, namespace=c.namespace, pod=box.place, port=p.SSH_PORT)
         return True
 
     def proxy_args(self, box: Box) -> builtins.list[str]:
