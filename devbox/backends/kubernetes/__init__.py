@@ -204,10 +204,10 @@ class KubernetesBackend:
         with api.errors(c):
             if name is None:
                 name = names.generate_name()
+            elif not name_checked and warm is None:
+                warm = self._free_name_and_warm(spec, name)
             elif not name_checked and self._find(name) is not None:
-                raise UsageError(
-                    f"a box named {name!r} already exists in namespace {c.namespace!r}"
-                )
+                raise self._taken(name)
             pod = self._claim_warm(spec, name, owner_key, warm)
             created = pod is None
             if pod is None:
@@ -236,6 +236,32 @@ class KubernetesBackend:
         selector = f"{self._pool_selector(spec)},{pods.LABEL_SHAPE}={pods.shape(self.config, spec)}"
         with api.errors(self.cluster):
             return [pod for pod in self._pods(selector) if pods.is_ready_warm(pod)]
+
+    def _free_name_and_warm(self, spec: BoxSpec, name: str) -> builtins.list[dict[str, Any]]:
+        """ready_warm's pods, having made sure no box is called `name`, in one request: a
+        warm pod's box label is empty, so `box in (,NAME)` lists the pool and any box of
+        that name. (The pools of other profiles come along, filtered out here: a few pods,
+        where a request of its own cost a round trip and the API server's work.)"""
+        names.validate_name(name)  # the selector is built from it
+        found = self._pods(f"{pods.MANAGED},{p.LABEL_BOX} in (,{name})")
+        if any(pods.labels_of(pod).get(p.LABEL_BOX) == name for pod in found):
+            raise self._taken(name)
+        wanted = {
+            p.LABEL_STATE: "warm",
+            p.LABEL_PROFILE: pods.label_value(spec.profile),
+            pods.LABEL_GPUS: str(spec.gpus),
+            pods.LABEL_SHAPE: pods.shape(self.config, spec),
+        }
+        return [
+            pod
+            for pod in found
+            if wanted.items() <= pods.labels_of(pod).items() and pods.is_ready_warm(pod)
+        ]
+
+    def _taken(self, name: str) -> UsageError:
+        return UsageError(
+            f"a box named {name!r} already exists in namespace {self.cluster.namespace!r}"
+        )
 
     def free_gpus(self) -> builtins.list[capacity.NodeGpus] | None:
         """Allocatable and unrequested GPUs per schedulable node; None: nodes unreadable."""
@@ -286,9 +312,7 @@ class KubernetesBackend:
             pod = c.rest.post(c.pods(), body)
         except ApiError as exc:
             if exc.status == 409:
-                raise UsageError(
-                    f"a box named {name!r} already exists in namespace {c.namespace!r}"
-                ) from None
+                raise self._taken(name) from None
             raise
         self.progress(f"created pod {pods.name(pod)}; waiting for it to start")
         return pod

@@ -313,6 +313,10 @@ def annotations_of(pod: dict[str, Any]) -> dict[str, str]:
     return pod["metadata"].get("annotations") or {}
 
 
+def labels_of(pod: dict[str, Any]) -> dict[str, str]:
+    return pod["metadata"].get("labels") or {}
+
+
 def is_ready_warm(pod: dict[str, Any]) -> bool:
     """Running, not being deleted, and its agent has published the host key."""
     return (
