@@ -11,13 +11,15 @@ the official client's loader, which knows them all.
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import ssl
-import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from devbox.backends.kubernetes import blockyaml
 from devbox.errors import UsageError
 
 SERVICE_ACCOUNT = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -50,15 +52,34 @@ class Endpoint:
             ctx.check_hostname = False
             ctx.verify_mode = ssl.CERT_NONE
         if self.cert_pem:
-            # The ssl module loads a chain only from files: a private one, gone at once.
-            with tempfile.NamedTemporaryFile(prefix="devbox-kube-", suffix=".pem") as f:
-                f.write(self.cert_pem + b"\n" + self.key_pem)
-                f.flush()
-                ctx.load_cert_chain(f.name)
+            with _pem_file(self.cert_pem + b"\n" + self.key_pem) as path:
+                ctx.load_cert_chain(path)
         return ctx
 
     def authorization(self) -> str:
         return f"Bearer {self.token}" if self.token else ""
+
+
+@contextlib.contextmanager
+def _pem_file(data: bytes) -> Iterator[str]:
+    """A path to `data` for as long as the block runs. The ssl module loads a chain only
+    from a file: on Linux one that lives in memory alone (the key never touches a disk,
+    and tempfile's imports stay out of every command), else a private temporary file."""
+    memfd = getattr(os, "memfd_create", None)
+    if memfd is not None and os.path.isdir("/proc/self/fd"):
+        fd = memfd("devbox-kube-pem", getattr(os, "MFD_CLOEXEC", 0))
+        try:
+            os.write(fd, data)
+            yield f"/proc/self/fd/{fd}"
+        finally:
+            os.close(fd)
+        return
+    import tempfile
+
+    with tempfile.NamedTemporaryFile(prefix="devbox-kube-", suffix=".pem") as f:
+        f.write(data)
+        f.flush()
+        yield f.name
 
 
 def load(*, context: str = "", path: str = "") -> Endpoint:
@@ -84,18 +105,13 @@ def load(*, context: str = "", path: str = "") -> Endpoint:
 
 def _merge(files: list[Path]) -> dict[str, Any]:
     """kubectl's rule: the first file that sets a value (or defines a named entry) wins."""
-    import yaml  # the kubernetes client's own dependency; only here, so --help stays light
-
     out: dict[str, Any] = {"clusters": {}, "users": {}, "contexts": {}, "current-context": ""}
     for path in files:
         if not path.exists():
             if len(files) == 1:
                 raise OSError(f"no kubeconfig at {path}")
             continue
-        try:
-            doc = yaml.safe_load(path.read_text()) or {}
-        except yaml.YAMLError as exc:
-            raise ValueError(f"{path} is not valid YAML ({type(exc).__name__})") from None
+        doc = _parse(path) or {}
         if not isinstance(doc, dict):
             raise ValueError(f"{path} is not a kubeconfig")
         base = path.parent
@@ -106,6 +122,22 @@ def _merge(files: list[Path]) -> dict[str, Any]:
         if not out["current-context"]:
             out["current-context"] = doc.get("current-context") or ""
     return out
+
+
+def _parse(path: Path) -> Any:
+    """The file's YAML: the block style kubectl writes is read here (blockyaml), anything
+    else by PyYAML (the kubernetes client's own dependency), imported only then."""
+    text = path.read_text()
+    try:
+        return blockyaml.load(text)
+    except blockyaml.Unsupported:
+        pass
+    import yaml
+
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{path} is not valid YAML ({type(exc).__name__})") from None
 
 
 def _from_config(merged: dict[str, Any], *, context: str, path: str = "") -> Endpoint:
