@@ -41,7 +41,8 @@ def _run(
 
 
 def test_throughput_benchmark() -> None:
-    ratios = _run("bench_throughput.py", "--mib", "4", "--repeat", "1")["ratios_vs_sshd"]
+    result = _run("bench_throughput.py", "--mib", "4", "--repeat", "1")
+    ratios = result["ratios_vs_sshd"]
     assert set(ratios) == {
         "agent_direct_upload_ratio",
         "agent_direct_download_ratio",
@@ -49,6 +50,13 @@ def test_throughput_benchmark() -> None:
         "agent_via_proxycommand_download_ratio",
     }
     assert all(r > 0 for r in ratios.values())
+    # Like for like: the peer pinned to the agent's key exchange, and each server's defaults.
+    same = result["modes"]["same_kex"]["negotiated"]
+    assert same["agent"]["kex"] == same["sshd"]["kex"]
+    assert len(result["met"]) == 8 and all("met" in m for m in result["met"].values())
+    cpu = result["modes"]["defaults"]["cpu_of_exec_takes"]["agent_exec_download"]
+    # /proc counts CPU time in 10 ms ticks: a 4 MiB copy may round to none.
+    assert cpu["server_cpu_ms_per_MiB"] >= 0 and cpu["client_cpu_ms_per_MiB"] >= 0
 
 
 def test_startup_benchmark() -> None:
@@ -61,8 +69,9 @@ def test_startup_benchmark() -> None:
 
 
 def test_echo_benchmark() -> None:
-    result = _run("bench_echo.py", "--keys", "40")
+    result = _run("bench_echo.py", "--keys", "40", "--load", "1")
     assert result["agent"]["n"] == 40 and result["sshd"]["n"] == 40
+    assert result["busy_processes"] == 1 and "met" in result["met"]["agent_added_p99_ms"]
 
 
 def test_telemetry_benchmark() -> None:
