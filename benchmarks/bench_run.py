@@ -1,18 +1,23 @@
 """`devbox run` on an already claimed local box, against OpenSSH to the same box.
 
-- First line: from starting `devbox run --box B --no-sync -- echo first` to the first line
-  of its output on the laptop, against `ssh host 'echo first'` (OpenSSH's client straight
-  to the same agent). Also with `--sync` of a small unchanged git tree, the usual case.
+Taken in turns (a round of every figure, repeated), in both bytecode modes (see
+bench_startup.py), with the load printed:
+
+- First line: from starting `devbox run --box B --sync TREE -- echo first` (a small git tree
+  that has not changed since the last sync: the usual case) to the first line of its output
+  on the laptop, against `ssh host 'echo first'` (OpenSSH's client straight to the same
+  agent); also with --no-sync. Target: the synced run <= 3x the ssh.
 - Re-sync: a 5,000-file tree synced once, then one file changed: `devbox sync B TREE`
   against plain rsync with the same filter over the same ssh command. DEVBOX_SYNC=sftp
   (the fallback when rsync is missing) is timed too.
 
-    python benchmarks/bench_run.py [--runs 10] [--files 5000]
+    python benchmarks/bench_run.py [--runs 10] [--files 5000] [--modes both|bytecode|no-bytecode]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import subprocess
@@ -26,7 +31,21 @@ if not __package__:
     # benchmarks.* and tests.* imports (neither is an installed package).
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from benchmarks.harness import devbox_command, emit, sandbox, ssh_base, summary, wall
+from benchmarks.harness import (
+    REPO,
+    Sandbox,
+    bytecode_env,
+    devbox_command,
+    emit,
+    interleaved,
+    machine,
+    met,
+    sandbox,
+    ssh_base,
+    summary,
+    uncompiled_source,
+    wall,
+)
 
 
 def first_line(argv: list[str], env: dict[str, str]) -> float:
@@ -54,69 +73,110 @@ def make_tree(root: Path, files: int) -> None:
     subprocess.run(["git", "-C", str(root), "init", "-q"], check=True)
 
 
+def _first_lines(sb: Sandbox, env: dict[str, str], box: str, runs: int) -> dict[str, object]:
+    devbox = devbox_command()
+    record = next(b for b in _boxes(sb, env) if b["name"] == box)
+    known = sb.root / "home/.local/state/devbox/known_hosts"
+    openssh = ssh_base(sb.key, known, int(str(record["port"])), alias=f"{box}.devbox")
+    small = sb.root / f"small-{box}"
+    make_tree(small, 20)
+    wall([*devbox, "sync", box, str(small)], env)
+    run_cmd = [*devbox, "run", "--box", box]
+    samples = interleaved(
+        runs,
+        {
+            "run_sync_unchanged": lambda: first_line(
+                [*run_cmd, "--sync", str(small), "--", "echo first"], env
+            ),
+            "run_no_sync": lambda: first_line([*run_cmd, "--no-sync", "--", "echo first"], env),
+            "openssh_cmd": lambda: first_line([*openssh, "echo first"], env),
+        },
+    )
+    s = {name: summary(values) for name, values in samples.items()}
+    synced = s["run_sync_unchanged"]["median"] / s["openssh_cmd"]["median"]
+    return {
+        "first_line_s": s,
+        "run_sync_unchanged_over_ssh": round(synced, 3),
+        "run_no_sync_over_ssh": round(s["run_no_sync"]["median"] / s["openssh_cmd"]["median"], 3),
+        "met": {"run_sync_unchanged_first_line_over_ssh": met(synced, "<=", 3.0)},
+    }
+
+
+def _boxes(sb: Sandbox, env: dict[str, str]) -> list[dict[str, object]]:
+    done = subprocess.run(
+        [*devbox_command(), "ls", "--json"], env=env, capture_output=True, check=True
+    )
+    boxes: list[dict[str, object]] = json.loads(done.stdout)
+    return boxes
+
+
+def _resync(sb: Sandbox, env: dict[str, str], box: str, runs: int, files: int) -> dict[str, object]:
+    devbox = devbox_command()
+    record = next(b for b in _boxes(sb, env) if b["name"] == box)
+    known = sb.root / "home/.local/state/devbox/known_hosts"
+    openssh = ssh_base(sb.key, known, int(str(record["port"])), alias=f"{box}.devbox")
+    tree = sb.root / "tree"
+    make_tree(tree, files)
+    initial = wall([*devbox, "sync", box, str(tree)], env)
+    sftp_env = dict(env, DEVBOX_SYNC="sftp")
+    wall([*devbox, "sync", box, str(tree)], sftp_env)  # the sftp copy's own first pass
+    rsh = shlex.join(openssh[:-1])
+    plain = ["rsync", "-rlpt", "--filter=:- .gitignore", "--exclude=.git", "-e", rsh,
+             f"{tree}/", f"{openssh[-1]}:tree/"]  # fmt: skip
+    wall(plain, env)
+    changes = iter(range(10**6))
+
+    def changed_then(argv: list[str], take_env: dict[str, str]) -> float:
+        n = next(changes) * 97 % files
+        path = tree / f"d{n // 100:02d}" / f"f{n}.py"
+        path.write_text(f"changed {time.time()}\n")
+        os.utime(path)
+        return wall(argv, take_env)
+
+    samples = interleaved(
+        runs,
+        {
+            "devbox_sync": lambda: changed_then([*devbox, "sync", box, str(tree)], env),
+            "plain_rsync": lambda: changed_then(plain, env),
+            "devbox_sftp_sync": lambda: changed_then([*devbox, "sync", box, str(tree)], sftp_env),
+        },
+    )
+    s = {name: summary(values) for name, values in samples.items()}
+    return {
+        "files": files,
+        "initial_sync_s": initial,
+        "one_changed_s": s,
+        "resync_over_plain_rsync": round(
+            s["devbox_sync"]["median"] / s["plain_rsync"]["median"], 3
+        ),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--files", type=int, default=5000)
+    parser.add_argument("--modes", choices=("both", "bytecode", "no-bytecode"), default="both")
     args = parser.parse_args()
-    devbox = devbox_command()
-    with sandbox() as sb:
-        sb.devbox("up", "bench", "--no-attach")
-        box = sb.box("bench")
-        known = sb.root / "home/.local/state/devbox/known_hosts"
-        openssh = ssh_base(sb.key, known, int(str(box["port"])), alias="bench.devbox")
-        small = sb.root / "small"
-        make_tree(small, 20)
-        sb.devbox("sync", "bench", str(small))
-        run_cmd = [*devbox, "run", "--box", "bench"]
-        devbox_first, synced_first, ssh_first = [], [], []
-        for _ in range(args.runs):
-            devbox_first.append(first_line([*run_cmd, "--no-sync", "--", "echo first"], sb.env))
-            synced_first.append(
-                first_line([*run_cmd, "--sync", str(small), "--", "echo first"], sb.env)
-            )
-            ssh_first.append(first_line([*openssh, "echo first"], sb.env))
-
-        tree = sb.root / "tree"
-        make_tree(tree, args.files)
-        initial = wall([*devbox, "sync", "bench", str(tree)], sb.env)
-        sftp_env = dict(sb.env, DEVBOX_SYNC="sftp")
-        wall([*devbox, "sync", "bench", str(tree)], sftp_env)  # the sftp copy's own first pass
-        rsh = shlex.join(openssh[:-1])
-        plain = ["rsync", "-rlpt", "--filter=:- .gitignore", "--exclude=.git", "-e", rsh,
-                 f"{tree}/", f"{openssh[-1]}:tree/"]  # fmt: skip
-        wall(plain, sb.env)
-        devbox_resync: list[float] = []
-        rsync_resync: list[float] = []
-        sftp_resync: list[float] = []
-        for i in range(args.runs):
-            for times, argv, env in (
-                (devbox_resync, [*devbox, "sync", "bench", str(tree)], sb.env),
-                (rsync_resync, plain, sb.env),
-                (sftp_resync, [*devbox, "sync", "bench", str(tree)], sftp_env),
-            ):
-                n = (i * 97 + len(times)) % args.files
-                changed = tree / f"d{n // 100:02d}" / f"f{n}.py"
-                changed.write_text(f"changed {time.time()} {len(times)}\n")
-                os.utime(changed)
-                times.append(wall(argv, env))
-    ratio_first = summary(devbox_first)["median"] / summary(ssh_first)["median"]
+    modes = {"both": (False, True), "bytecode": (True,), "no-bytecode": (False,)}[args.modes]
+    before = machine()
+    results: dict[str, object] = {}
+    with sandbox() as sb, uncompiled_source() as copy:
+        for write in modes:
+            env = dict(bytecode_env(sb.env, write=write), PYTHONPATH=str(REPO if write else copy))
+            box = "bc" if write else "nobc"
+            wall([*devbox_command(), "up", box, "--no-attach"], env)
+            results["bytecode" if write else "no_bytecode"] = _first_lines(sb, env, box, args.runs)
+        resync = _resync(sb, bytecode_env(sb.env, write=True), "bc" if True in modes else "nobc",
+                         args.runs, args.files)  # fmt: skip
     emit(
         {
             "benchmark": "run",
             "runs": args.runs,
-            "files": args.files,
-            "devbox_run_no_sync_first_line_s": summary(devbox_first),
-            "devbox_run_sync_unchanged_first_line_s": summary(synced_first),
-            "peer_openssh_ssh_cmd_first_line_s": summary(ssh_first),
-            "run_no_sync_over_ssh": ratio_first,
-            "run_sync_over_ssh": summary(synced_first)["median"] / summary(ssh_first)["median"],
-            "initial_sync_s": initial,
-            "devbox_resync_one_changed_s": summary(devbox_resync),
-            "peer_plain_rsync_one_changed_s": summary(rsync_resync),
-            "devbox_sftp_resync_one_changed_s": summary(sftp_resync),
-            "resync_over_plain_rsync": summary(devbox_resync)["median"]
-            / summary(rsync_resync)["median"],
+            "machine_before": before,
+            "machine_after": machine(),
+            "modes": results,
+            "resync": resync,
         }
     )
 

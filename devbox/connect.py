@@ -22,6 +22,7 @@ from devbox.errors import DevboxError, UsageError
 
 if TYPE_CHECKING:
     import socket
+    import subprocess
 
     from devbox.backends.clusters import Clusters
 
@@ -126,6 +127,30 @@ def session(backend: Backend, box: Box, command: str | None, *, interactive: boo
         # A connect-only probe tells them apart and names a failure in one line.
         probe(backend, box)
     return status
+
+
+def spawn(backend: Backend, box: Box, command: str) -> subprocess.Popen[bytes] | None:
+    """`command` in the box through OpenSSH, started and left running with its stdin,
+    stdout and stderr as pipes of this process (a status of 255 is `probe`'s to explain);
+    None where OpenSSH is missing, for the caller to do it another way."""
+    import subprocess
+
+    from devbox.ssh import openssh
+
+    ssh = openssh.available()
+    if ssh is None:
+        return None
+    here = box
+    if not backend.direct_ssh:  # as in session: a loopback port joined to the port-forward
+        from devbox.ssh.proxy import loopback
+
+        here = dataclasses.replace(box, host="127.0.0.1", port=loopback(open_socket(backend, box)))
+    return subprocess.Popen(
+        openssh.argv(ssh, here, command, tty=False),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
 
 
 def _builtin(backend: Backend, box: Box, command: str | None, *, interactive: bool) -> int:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import functools
-import hashlib
 import json
 import re
 import types
@@ -537,6 +536,8 @@ def owner_label(username: str) -> str:
     Label values are 63 characters of [A-Za-z0-9._-], so the readable part alone would
     make `jürgen` and `jörgen` one owner (and every CJK name another); the hash keeps
     them apart, the readable part keeps `kubectl get pods -L devbox.io/owner` useful."""
+    import hashlib  # here, not at import: loading OpenSSL is a tenth of a light command
+
     folded = unicodedata.normalize("NFKD", username).encode("ascii", "ignore").decode()
     readable = re.sub(r"[^a-z0-9]+", "-", folded.lower()).strip("-")[:40].strip("-")
     digest = hashlib.sha256(username.encode()).hexdigest()[:OWNER_HASH_CHARS]
@@ -617,6 +618,8 @@ def alerts_cell(alerts: list[ProbeAlert]) -> str:
 
 def fingerprint(public_line: str) -> str:
     """OpenSSH's SHA256 fingerprint of a public key line ("SHA256:..." as ssh-keygen -l)."""
+    import hashlib  # see owner_label
+
     blob = base64.b64decode(public_line.split()[1])
     digest = base64.b64encode(hashlib.sha256(blob).digest()).decode().rstrip("=")
     return f"SHA256:{digest}"

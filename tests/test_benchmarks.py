@@ -114,18 +114,17 @@ def test_tui_benchmark() -> None:
 
 
 def test_run_benchmark() -> None:
-    result = _run("bench_run.py", "--runs", "1", "--files", "50")
-    assert result["benchmark"] == "run" and result["files"] == 50
-    for key in (
-        "devbox_run_no_sync_first_line_s",
-        "devbox_run_sync_unchanged_first_line_s",
-        "peer_openssh_ssh_cmd_first_line_s",
-        "devbox_resync_one_changed_s",
-        "peer_plain_rsync_one_changed_s",
-        "devbox_sftp_resync_one_changed_s",
-    ):
-        assert result[key]["n"] == 1 and result[key]["median"] > 0
-    assert result["run_no_sync_over_ssh"] > 0 and result["resync_over_plain_rsync"] > 0
+    result = _run("bench_run.py", "--runs", "1", "--files", "50", "--modes", "bytecode")
+    assert result["benchmark"] == "run" and result["resync"]["files"] == 50
+    mode = result["modes"]["bytecode"]
+    for key in ("run_sync_unchanged", "run_no_sync", "openssh_cmd"):
+        assert mode["first_line_s"][key]["n"] == 1 and mode["first_line_s"][key]["median"] > 0
+    for key in ("devbox_sync", "plain_rsync", "devbox_sftp_sync"):
+        assert result["resync"]["one_changed_s"][key]["n"] == 1
+    assert (
+        mode["run_sync_unchanged_over_ssh"] > 0 and result["resync"]["resync_over_plain_rsync"] > 0
+    )
+    assert set(mode["met"]) == {"run_sync_unchanged_first_line_over_ssh"}
 
 
 def test_autoscaler_benchmark() -> None:

@@ -60,9 +60,16 @@ def run(args: argparse.Namespace) -> int:
     backend = backend_for(args)
     box = _box_for_run(backend, args)
     spec: dict[str, object] = {"id": record.new_id(), "command": " ".join(words)}
+    # A followed run's helper starts in the box while the tree syncs (remote.GatedStart).
+    gated = remote.GatedStart.open(backend, box) if src is not None and not args.detach else None
     if src is not None:
-        tree = sync.inspect(src)
-        synced = sync.push(backend, box, src)
+        try:
+            tree = sync.inspect(src)
+            synced = sync.push(backend, box, src)
+        except BaseException:
+            if gated is not None:
+                gated.cancel()
+            raise
         _say_synced(box, synced)
         spec.update(cwd=synced.dest, source=str(src), git_commit=tree.commit, git_dirty=tree.dirty)
     run_id = str(spec["id"])
@@ -78,7 +85,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(f"run {run_id} on box {box.name} (ctrl-c detaches; the run goes on)", file=sys.stderr)
     try:
-        status = remote.session(backend, box, "start", encode_spec(spec), "--follow")
+        if gated is not None and gated.ready():
+            status = gated.go(encode_spec(spec))
+        else:
+            status = remote.session(backend, box, "start", encode_spec(spec), "--follow")
     except KeyboardInterrupt:
         print(f"\ndetached from run {run_id}; it goes on: {hint}", file=sys.stderr)
         return 0

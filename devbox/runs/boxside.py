@@ -1,6 +1,9 @@
 """The in-box helper the laptop runs over SSH: `python -m devbox.runs.boxside ACTION ...`.
 
     start SPEC [--follow]     record a run, open its window, (follow its log to the end)
+    start - [--follow]        the same, the SPEC read from stdin after a READY line: the
+                              laptop starts this while its sync runs, and sends the SPEC
+                              once the tree is in the box (a closed stdin starts nothing)
     list                      every run of the box, as one JSON array
     log ID [--follow] [--tail BYTES]
     kill ID                   SIGTERM to the command's process group, SIGKILL after a grace
@@ -155,7 +158,24 @@ def _quiet_in_home(argv: list[str]) -> None:
     )
 
 
+# `start -`: the helper is up (Python started, imported) and waits for its spec. An older
+# helper refuses "-" as a malformed spec before it says this, which is how the laptop tells.
+GATED = "-"
+READY = "devbox-run-ready"
+
+
+def _gated_spec() -> str | None:
+    print(READY, flush=True)
+    line = sys.stdin.readline().strip()
+    return line or None
+
+
 def start(root: Path, spec_text: str, *, follow: bool) -> int:
+    if spec_text == GATED:
+        got = _gated_spec()
+        if got is None:
+            return 0  # the laptop's sync failed or was interrupted: nothing was started
+        spec_text = got
     spec = _decode_spec(spec_text)
     run_id = str(spec.get("id", ""))
     if not record.valid_id(run_id):

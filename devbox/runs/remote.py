@@ -3,9 +3,12 @@ through OpenSSH where `devbox ssh` would use it, else devbox's own client."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shlex
 import subprocess
+import sys
 
 from devbox.backends.base import Backend
 from devbox.boxes import Box
@@ -88,3 +91,97 @@ def start_detached(backend: Backend, box: Box, spec: str) -> dict[str, str]:
         raise _error(box, status, err)
     reply: dict[str, str] = json.loads(out)
     return reply
+
+
+class GatedStart:
+    """The helper of a followed `devbox run`, started while the laptop's sync still runs:
+    its SSH handshake and its Python's start-up overlap the sync instead of following it
+    (bench_run.py). It waits in the box for the spec (boxside's `start -`); `go` sends it
+    and relays the run's output, `cancel` ends it with nothing started."""
+
+    def __init__(self, backend: Backend, box: Box, proc: subprocess.Popen[bytes]) -> None:
+        self.backend, self.box, self.proc = backend, box, proc
+
+    @classmethod
+    def open(cls, backend: Backend, box: Box) -> GatedStart | None:
+        """None where it cannot be had (no OpenSSH): the caller starts the run as before."""
+        from devbox import connect
+        from devbox.runs.boxside import GATED
+
+        proc = connect.spawn(backend, box, helper_command("start", GATED, "--follow"))
+        return None if proc is None else cls(backend, box, proc)
+
+    def ready(self) -> bool:
+        """Whether the helper waits for its spec; False when it ended first: a devbox in
+        the box older than the gate (it refuses "-" as a malformed spec), or no connection.
+        Either way nothing was started, and the caller starts the run the old way."""
+        from devbox.runs.boxside import READY
+
+        assert self.proc.stdout is not None
+        line = b""
+        while not line.endswith(b"\n"):  # unbuffered: what follows is _relay's to read
+            chunk = os.read(self.proc.stdout.fileno(), 1)
+            if not chunk:
+                break
+            line += chunk
+        if line.strip() == READY.encode():
+            return True
+        self.cancel()
+        return False
+
+    def go(self, spec: str) -> int:
+        """Send the spec; relay the run's output here until the helper ends; its status."""
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(spec.encode() + b"\n")
+            self.proc.stdin.close()
+        except BrokenPipeError:
+            pass  # it ended meanwhile: its stderr and status say why
+        try:
+            _relay(self.proc)
+            status = self.proc.wait()
+        except BaseException:  # ctrl-c (ssh had it too): detach, leaving no ssh behind
+            self.proc.kill()
+            self.proc.wait()
+            raise
+        if status == 255:
+            from devbox import connect
+
+            connect.probe(self.backend, self.box)  # names a connection failure in one line
+        return status
+
+    def cancel(self) -> None:
+        """End it with nothing started (a closed stdin is boxside's "not after all")."""
+        if self.proc.stdin is not None:
+            with contextlib.suppress(BrokenPipeError):
+                self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        for pipe in (self.proc.stdout, self.proc.stderr):
+            if pipe is not None:
+                pipe.close()
+
+
+def _relay(proc: subprocess.Popen[bytes]) -> None:
+    """The helper's stdout and stderr onto ours, as they come, until both end."""
+    import selectors
+
+    assert proc.stdout is not None and proc.stderr is not None
+    targets = {proc.stdout.fileno(): sys.stdout.fileno(), proc.stderr.fileno(): sys.stderr.fileno()}
+    sys.stdout.flush()
+    sys.stderr.flush()
+    with selectors.DefaultSelector() as sel:
+        for fd in targets:
+            sel.register(fd, selectors.EVENT_READ)
+        while sel.get_map():
+            for key, _ in sel.select():
+                data = os.read(key.fd, 1 << 16)
+                if not data:
+                    sel.unregister(key.fd)
+                    continue
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(targets[key.fd], view) :]

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from devbox.backends.local import keeper as keeper_mod
 from tests.conftest import User
 from tests.e2e.helpers import runs_by_id, use_multiplexer
 from tests.terminal import Terminal
@@ -269,6 +270,30 @@ def test_bad_input_gets_one_line(user: User, tmp_path: Path) -> None:
     denied = subprocess.run(argv, env=user.env, capture_output=True, cwd="/", timeout=30)
     assert "permission denied" in _one_line_error(denied, 2)
     assert runs_by_id(user, "bad") == {}  # nothing was started by any of it
+
+
+def test_a_failed_sync_starts_nothing_and_leaves_no_helper(user: User, tmp_path: Path) -> None:
+    """The helper of a followed run starts in the box while the tree syncs (GatedStart);
+    when the sync fails it must end without starting the run."""
+    user.up("gate")
+    project = tmp_path / "proj"
+    _git_tree(project)
+    # Where the tree would go in the box is a file: rsync cannot make the folder.
+    (user.box_dir("gate") / "home" / "proj").write_text("in the way\n")
+    done = user.devbox("run", "--box", "gate", "--sync", str(project), "--", "echo ran")
+    err = _one_line_error(done, 1)
+    assert "syncing" in err and b"ran" not in done.stdout
+    assert runs_by_id(user, "gate") == {}
+    keeper = int((user.box_dir("gate") / "keeper.lock").read_text())
+    left = [_cmdline(pid) for pid in keeper_mod.descendants(keeper)]
+    assert not [cmd for cmd in left if b"boxside" in cmd], left
+
+
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:  # it ended since it was listed
+        return b""
 
 
 def test_a_run_records_and_sees_the_boxs_gpus(user: User) -> None:
