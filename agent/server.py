@@ -19,7 +19,7 @@ from typing import Any
 import asyncssh
 from asyncssh.kex import get_kex_algs
 
-from agent import forwards, preauth, remoteforwards, shell
+from agent import forwards, pqkex, preauth, remoteforwards, shell, sshspeed
 from agent.agentfwd import AgentRelay
 from agent.probehub import ProbeHub
 from agent.services import AgentServices
@@ -54,8 +54,9 @@ _ACCEPT_ENV_PREFIXES = ("LANG", "LC_")
 # fail 9 checks: SHA-1, 1024-bit group exchange, NIST curves) and every client devbox
 # meets connects: OpenSSH >= 6.5 (scp, sftp, rsync, git, VS Code), asyncssh, paramiko >= 2.7.
 # Key exchange: the post-quantum hybrids first where this asyncssh has them (mlkem768 for
-# devbox's own client and OpenSSH >= 9.9, sntrup761 for OpenSSH >= 8.5 when liboqs is
-# installed), then X25519. No finite-field Diffie-Hellman: it would let any unauthenticated
+# devbox's own client and OpenSSH >= 9.9, through `cryptography`; sntrup761 for OpenSSH
+# 8.5-9.8, Debian 12's 9.2 among them, through liboqs or the `pqcrypto` wheel: agent.pqkex),
+# then X25519. No finite-field Diffie-Hellman: it would let any unauthenticated
 # peer make the agent do a 4096-bit modular exponentiation for free (DHEat, CVE-2002-20001),
 # and every client above has X25519. asyncssh adds kex-strict-s-v00@openssh.com itself
 # (Terrapin, CVE-2023-48795) and ext-info-s.
@@ -73,9 +74,12 @@ _CIPHERS = [
     "aes256-gcm@openssh.com",
     "aes192-ctr",
 ]
-# Encrypt-then-MAC first (OpenSSH takes umac-128-etm, as fast here as the umac-64-etm it
-# took before); the plain SHA-2 MACs stay for clients with AES-CTR and no EtM (older Go
-# x/crypto/ssh and JSch). No SHA-1, no 64-bit tags.
+# What an OpenSSH client (>= 6.2) is offered: it would take AES-CTR and a MAC from the list
+# above, which costs both sides more CPU a byte (agent.sshspeed).
+_OPENSSH_CIPHERS = ["aes128-gcm@openssh.com", "aes256-gcm@openssh.com"]
+# For clients on AES-CTR (OpenSSH, on AES-GCM, needs no MAC): encrypt-then-MAC first; the
+# plain SHA-2 MACs stay for clients with AES-CTR and no EtM (older Go x/crypto/ssh and
+# JSch). No SHA-1, no 64-bit tags.
 _MACS = [
     "umac-128-etm@openssh.com",
     "hmac-sha2-256-etm@openssh.com",
@@ -458,6 +462,7 @@ async def serve(
     stop: asyncio.Event,
     before_disconnect: Callable[[], Awaitable[None]] | None = None,
 ) -> None:
+    sshspeed.install(openssh_ciphers=_OPENSSH_CIPHERS)
     server = await asyncssh.listen(
         sock=sock,
         server_factory=lambda: _Server(agent),
@@ -474,10 +479,9 @@ async def serve(
         # Large windows: bulk copies are bound by round trips otherwise.
         window=8 * 1024 * 1024,
         # OpenSSH clients pick the first cipher of their own list that the server offers,
-        # which is chacha20-poly1305; in asyncssh that runs at ~0.75x OpenSSH's speed while
-        # AES-CTR (EtM MAC) runs faster than sshd (benchmarks/bench_throughput.py).
-        # Offering only AES leaves every OpenSSH >= 6.2, VS Code and asyncssh client able
-        # to connect.
+        # which is chacha20-poly1305; in asyncssh that runs at ~0.75x OpenSSH's speed.
+        # Only AES then: every OpenSSH >= 6.2, VS Code, paramiko and asyncssh client
+        # connects; an OpenSSH client is offered AES-GCM alone (sshspeed.install above).
         encryption_algs=_CIPHERS,
         kex_algs=_kex_algs(),
         mac_algs=_MACS,
@@ -504,6 +508,8 @@ async def serve(
 
 
 def _kex_algs() -> list[str]:
-    """The key exchanges wanted that this asyncssh has (the hybrids depend on libraries)."""
+    """The key exchanges wanted that this asyncssh has (the hybrids depend on libraries:
+    mlkem768 on `cryptography`, sntrup761 on liboqs or the `pqcrypto` wheel)."""
+    pqkex.register()
     have = {alg.decode() for alg in get_kex_algs()}
     return [alg for alg in _KEX_WANTED if alg in have]
