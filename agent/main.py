@@ -297,6 +297,8 @@ async def _serve(
         alerts_file=args.alerts_file,
         hang_rule=args.hang,
         runs_dir=lambda: box.runs_dir,
+        # The keeper spawned this agent: it is the parent, as long as the box lives.
+        keeper_pid=os.getppid() if args.keeper_fd is not None else None,
     )
     tasks = box_services.tasks
     # Telemetry starts a moment late: the first SSH connection after `devbox up` comes first.

@@ -48,11 +48,13 @@ async def build(
     alerts_file: Path | None,
     hang_rule: hang.Rule,
     runs_dir: Callable[[], Path] | None = None,
+    keeper_pid: int | None = None,
 ) -> AgentServices:
     """The services of the box `box`. gpu_uuids None: every GPU this process sees is the
     box's (in a pod the device plugin chose them); all_processes: telemetry shows every
     process visible, not only the agent's and its sessions'; runs_dir: where `devbox run`
-    records its runs (asked each time: a warm pod's home is known only once claimed)."""
+    records its runs (asked each time: a warm pod's home is known only once claimed);
+    keeper_pid: the local box's keeper, of which every process of the box descends."""
     activity = Activity(activity_file, rule=hang_rule)
     telemetry = _telemetry(
         box,
@@ -61,6 +63,7 @@ async def build(
         all_processes=all_processes,
         rate=telemetry_rate,
         runs_dir=runs_dir,
+        keeper_pid=keeper_pid,
     )
     activity.on_use = telemetry.hurry
     return AgentServices(
@@ -81,6 +84,7 @@ def _telemetry(
     all_processes: bool,
     rate: float,
     runs_dir: Callable[[], Path] | None,
+    keeper_pid: int | None,
 ) -> Telemetry:
     from agent.sampling import BoxSources  # NVML and /proc: opened in the sampler's thread
 
@@ -97,8 +101,11 @@ def _telemetry(
         quiet=activity.quiet,
         open_sources=lambda: BoxSources(
             gpu_uuids=gpu_uuids,
-            root_pid=os.getpid(),
-            box_marker=(protocol.BOX_ENV, box),
+            # Under a keeper (a subreaper) the box's processes are exactly its descendants,
+            # a daemonised screen server and orphans too: no stranger's environment need
+            # be read to tell (each new process on a busy machine cost an open and a read).
+            root_pid=os.getpid() if keeper_pid is None else keeper_pid,
+            box_marker=(protocol.BOX_ENV, box) if keeper_pid is None else None,
             all_processes=all_processes,
         ),
     )

@@ -16,7 +16,9 @@ box's sampler slows down, agent.activity.QUIET_AFTER):
 - PSS of each process (/proc/PID/smaps_rollup), --takes times, interleaved over the sets;
 - over --windows windows of --seconds each, all sets at once: CPU time from the kernel's
   scheduler (/proc/PID/task/*/schedstat, nanoseconds; utime+stime clock ticks beside it)
-  and wake-ups (voluntary + involuntary context switches, summed over every thread).
+  and wake-ups: voluntary context switches, summed over every thread (each is a thread
+  that went to sleep, so had woken); involuntary ones (preempted by other work on a busy
+  machine) beside them.
 
 Targets (issue 22): an idle box <= 15 MiB PSS; 0% of a core, i.e. under one clock tick of
 CPU per minute (<= 0.0167%), with its wake-ups per minute reported.
@@ -101,15 +103,18 @@ def _tasks(pid: int) -> list[Path]:
         return []
 
 
-def _counters(pid: int) -> tuple[int, int, int]:
-    """(scheduler ns on CPU, clock ticks user+system, context switches), every thread."""
-    ns = switches = 0
+def _counters(pid: int) -> tuple[int, int, int, int]:
+    """(scheduler ns on CPU, clock ticks user+system, voluntary and involuntary context
+    switches), every thread."""
+    ns = woke = preempted = 0
     for task in _tasks(pid):
         try:
             ns += int((task / "schedstat").read_text().split()[0])
             for line in (task / "status").read_text().splitlines():
-                if line.startswith(("voluntary_ctxt_switches:", "nonvoluntary_ctxt_switches:")):
-                    switches += int(line.split()[1])
+                if line.startswith("voluntary_ctxt_switches:"):
+                    woke += int(line.split()[1])
+                elif line.startswith("nonvoluntary_ctxt_switches:"):
+                    preempted += int(line.split()[1])
         except (OSError, ValueError, IndexError):
             continue  # a thread that ended between the listing and the read
     try:
@@ -118,7 +123,7 @@ def _counters(pid: int) -> tuple[int, int, int]:
         ticks = int(fields[11]) + int(fields[12])
     except (OSError, ValueError, IndexError):
         ticks = 0
-    return ns, ticks, switches
+    return ns, ticks, woke, preempted
 
 
 def _pss(sets: list[ProcessSet], takes: int) -> dict[str, dict[int, dict[str, float]]]:
@@ -151,12 +156,13 @@ def _window(sets: list[ProcessSet], seconds: float) -> dict[str, dict[int, dict[
     out: dict[str, dict[int, dict[str, float]]] = {}
     for s in sets:
         for pid in s.pids:
-            ns0, ticks0, sw0 = before[(s.name, pid)]
-            ns1, ticks1, sw1 = _counters(pid)
+            ns0, ticks0, woke0, pre0 = before[(s.name, pid)]
+            ns1, ticks1, woke1, pre1 = _counters(pid)
             out.setdefault(s.name, {})[pid] = {
                 "cpu_pct": 100 * (ns1 - ns0) / 1e9 / wall,
                 "ticks": ticks1 - ticks0,
-                "wakeups_per_min": (sw1 - sw0) * 60 / wall,
+                "wakeups_per_min": (woke1 - woke0) * 60 / wall,
+                "preempted_per_min": (pre1 - pre0) * 60 / wall,
             }
     return out
 
@@ -315,6 +321,7 @@ def main() -> None:
                     "cpu_pct_of_one_core": [round(c["cpu_pct"], 4) for c in cpu],
                     "clock_ticks": [int(c["ticks"]) for c in cpu],
                     "wakeups_per_min": [round(c["wakeups_per_min"], 1) for c in cpu],
+                    "preempted_per_min": [round(c["preempted_per_min"], 1) for c in cpu],
                 }
             )
         total_cpu = [sum(w[s.name][p]["cpu_pct"] for p in s.pids) for w in windows]
