@@ -100,17 +100,29 @@ def test_idle_benchmark() -> None:
 
 
 def test_tui_benchmark() -> None:
-    result = _run("bench_tui.py", "--boxes", "3", "--gpus", "2", "--seconds", "2")
-    assert result["benchmark"] == "tui" and set(result["targets"]) == {
-        "key_latency_p99_ms_max",
-        "cpu_pct_max",
+    result = _run(
+        "bench_tui.py", "--boxes", "3", "--gpus", "2", "--seconds", "1", "--settle", "0.5",
+        "--runs", "1", "--load", "1",
+    )  # fmt: skip
+    assert result["benchmark"] == "tui" and set(result["met"]) == {
+        "stream_cpu_pct_of_one_core",
+        "still_cpu_pct_of_one_core",
+        "idle_cpu_pct_of_one_core",
+        "key_on_screen_p99_ms",
+        "key_load_runnable_tasks_mean",
     }
-    tui, floor = result["tui"], result["rich_live_floor"]
-    assert tui["cpu_pct_of_one_core"] >= 0 and floor["cpu_pct_of_one_core"] >= 0
+    assert all(isinstance(m["met"], bool) for m in result["met"].values())
+    tui, floors = result["tui"], result["floors"]
+    for kind in ("stream", "still", "idle", "keys"):
+        assert tui[kind]["cpu_pct_of_one_core"] >= 0 and len(tui[kind]["cpu_pct_runs"]) == 1
+    assert tui["stream"]["frames_per_s"] > 0 and tui["stream"]["lines_per_frame"] > 0
+    keys = tui["keys"]
     for key in ("p50", "p99", "max"):
-        assert tui["key_latency_ms"][key] >= tui["key_handled_ms"][key] >= 0
-    assert tui["key_latency_ms"]["n"] > 0 and tui["frames_per_s"] > 0
-    assert result["tui_over_floor"] is None or result["tui_over_floor"] > 0
+        assert keys["key_on_screen_ms"][key] >= keys["key_handled_ms"][key] >= 0
+    assert keys["key_on_screen_ms"]["n"] > 0 and keys["busy_processes"] == 1
+    for kind in ("intake", "textual", "rich_live"):
+        assert floors[kind]["cpu_pct_of_one_core"] > 0
+    assert result["machine_before"]["cpus"] and result["machine_after"]["cpus"]
 
 
 def test_run_benchmark() -> None:

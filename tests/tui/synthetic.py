@@ -144,9 +144,18 @@ class SyntheticFeed:
     """`boxes` boxes of `gpus` GPUs each, streaming at whatever rate is asked."""
 
     def __init__(
-        self, boxes: int = 3, gpus: int = 2, *, history: int = 60, live: bool = True
+        self,
+        boxes: int = 3,
+        gpus: int = 2,
+        *,
+        history: int = 60,
+        live: bool = True,
+        still: bool = False,
     ) -> None:
         self.live = live  # False: one sample after the history, then silence (pictures)
+        # True: every sample carries the same values (only its time and sequence number
+        # advance), as an idle lab's GPUs at rest: the benchmark's "nothing changing".
+        self.still = still
         self.box_list = [make_box(i, gpus) for i in range(boxes)]
         # What boxes() could not read (a cluster down), as a backend's problems() says.
         self.problem_list: list[str] = []
@@ -172,7 +181,10 @@ class SyntheticFeed:
 
     async def stream(self, box: Box, *, rate: float) -> AsyncIterator[protocol.Frame]:
         index = sum(map(ord, box.name)) % 50
-        old = [sample(index, self.gpus, s, t=T0 - self.history + s) for s in range(self.history)]
+        old = [
+            sample(index, self.gpus, 0 if self.still else s, t=T0 - self.history + s)
+            for s in range(self.history)
+        ]
         yield protocol.Frame(protocol.HISTORY, {"samples": old})
         seq = self.history
         while True:
@@ -180,7 +192,8 @@ class SyntheticFeed:
                 self.fail_next_stream.discard(box.name)
                 raise DevboxError(f"lost the connection to box {box.name}: injected")
             t = T0 + (seq - self.history) / rate  # the first live sample is at T0
-            body = dict(sample(index, self.gpus, seq, t=t))
+            body = dict(sample(index, self.gpus, 0 if self.still else seq, t=t))
+            body["seq"] = seq
             body["activity"] = {
                 "clients": 0,
                 "last_input": T0 - 60,
