@@ -201,6 +201,9 @@ class BoxView:
         default_factory=dict
     )
     link: str = "connecting"  # "live", "connecting", or "lost: why"
+    # How many points the history has taken in: what was drawn from it is current while
+    # this has not moved (samples come at up to 10 Hz, history grows at 1 Hz).
+    recorded: int = 0
     _last_history_t: float = 0.0
 
     @property
@@ -224,6 +227,7 @@ class BoxView:
             self._record(s)
 
     def _record(self, sample: Sample) -> None:
+        self.recorded += 1
         utils = [g["util"] for g in sample["gpus"] if g["util"] is not None]
         self.util.append(sum(utils) / len(utils) if utils else 0.0)
         for g in sample["gpus"]:

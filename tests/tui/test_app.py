@@ -5,7 +5,7 @@ user does (filter, open, claim, release, enter) and what the app does by itself
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from textual.widgets import DataTable, Input, Sparkline, Static
@@ -119,13 +119,13 @@ async def test_redraw_touches_only_boxes_that_changed() -> None:
         await asyncio.sleep(0.3)
         table = app.screen.query_one("#boxes", BoxTable)
         updated: list[object] = []
-        real = table.update_row
+        real = table.update_rows
 
-        def spy(key: str, cells: tuple[str, ...]) -> None:
-            updated.append(key)
-            real(key, cells)
+        def spy(rows: Mapping[str, tuple[str, ...]]) -> None:
+            updated.extend(rows)
+            real(rows)
 
-        table.update_row = spy  # type: ignore[method-assign]
+        table.update_rows = spy  # type: ignore[method-assign]
         app.store.link("box-01", "lost: test")
         await until(lambda: bool(updated))
         await asyncio.sleep(0.3)

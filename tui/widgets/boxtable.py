@@ -9,7 +9,7 @@ one line, a cursor move repaints two, and an unchanged row is a cached Strip.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import ClassVar
 
 from rich.segment import Segment
@@ -71,6 +71,7 @@ class BoxTable(ScrollView, can_focus=True):
         self.widths = [len(c) for c in self.columns]
         self.keys: list[str] = []
         self.rows: dict[str, tuple[str, ...]] = {}
+        self._index: dict[str, int] = {}  # key -> its line
         self.cursor = 0
         # key -> (cells, cursor?, odd?, width) and the Strip drawn for them.
         self._strips: dict[str, tuple[tuple[object, ...], Strip]] = {}
@@ -92,6 +93,7 @@ class BoxTable(ScrollView, can_focus=True):
         keep = self.cursor_key
         self.keys = [key for key, _ in rows]
         self.rows = dict(rows)
+        self._index = {key: i for i, key in enumerate(self.keys)}
         self._strips = {k: v for k, v in self._strips.items() if k in self.rows}
         self._fit(self.rows.values())
         if keep in self.rows:
@@ -102,18 +104,24 @@ class BoxTable(ScrollView, can_focus=True):
         if self.cursor_key != keep:
             self.post_message(self.RowHighlighted(self.cursor_key))
 
-    def update_row(self, key: str, cells: tuple[str, ...]) -> None:
-        """New values for one box: its line is repainted only if something in it changed."""
-        if self.rows.get(key) == cells or key not in self.rows:
+    def update_rows(self, rows: Mapping[str, tuple[str, ...]]) -> None:
+        """New values for some boxes: a line is repainted only if something in it changed
+        and it is on screen, and all of them in one refresh (each refresh call walks the
+        widget's geometry: 50 of them per frame showed in the profile)."""
+        changed = [
+            key for key, cells in rows.items() if key in self.rows and self.rows[key] != cells
+        ]
+        if not changed:
             return
-        self.rows[key] = cells
-        if not self._fit([cells]):
-            self._refresh_row(self.keys.index(key))
+        for key in changed:
+            self.rows[key] = rows[key]
+        if not self._fit([rows[key] for key in changed]):
+            self._refresh_lines([self._index[key] for key in changed], visible_only=True)
 
-    def _fit(self, rows: object) -> bool:
+    def _fit(self, rows: Iterable[tuple[str, ...]]) -> bool:
         """Widen columns to fit `rows`; True (and everything repainted) when any grew."""
         grew = False
-        for cells in rows:  # type: ignore[attr-defined]
+        for cells in rows:
             for i, c in enumerate(cells):
                 if len(c) > self.widths[i]:
                     self.widths[i], grew = len(c), True
@@ -123,8 +131,17 @@ class BoxTable(ScrollView, can_focus=True):
             self.refresh()
         return grew
 
-    def _refresh_row(self, index: int) -> None:
-        self.refresh(Region(0, index - self.scroll_offset.y, self.size.width, 1))
+    def _refresh_lines(self, indexes: Sequence[int], *, visible_only: bool = False) -> None:
+        """Repaint these rows' lines. `visible_only`: not those scrolled out of view, whose
+        region would fall on the widgets below the table and repaint their lines instead."""
+        top, (width, height) = self.scroll_offset.y, self.size
+        regions = [
+            Region(0, i - top, width, 1)
+            for i in indexes
+            if not visible_only or 0 <= i - top < height
+        ]
+        if regions:
+            self.refresh(*regions)
 
     # --- drawing ------------------------------------------------------------------
 
@@ -175,8 +192,7 @@ class BoxTable(ScrollView, can_focus=True):
         if index == self.cursor:
             return
         old, self.cursor = self.cursor, index
-        self._refresh_row(old)
-        self._refresh_row(index)
+        self._refresh_lines([old, index])
         self.scroll_to_region(Region(0, index, 1, 1), animate=False, immediate=True)
         self.post_message(self.RowHighlighted(self.cursor_key))
 
