@@ -24,6 +24,7 @@ Targets (issue 22): an idle box <= 15 MiB PSS; 0% of a core, i.e. under one cloc
 CPU per minute (<= 0.0167%), with its wake-ups per minute reported.
 
     python benchmarks/bench_idle.py [--seconds 60] [--windows 2] [--settle 45] [--takes 3]
+                                    [--gpus N]  (N simulated GPUs at rest; default none)
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ from benchmarks.harness import (
 )
 from devbox.backends.local.keeper import descendants
 from devbox.boxes import session_name
+from tests import nvml_sim  # the simulator lives with the tests
 
 TARGET_PSS_MIB = 15.0
 BOX = "idle"
@@ -200,10 +202,10 @@ def _start_session(base: list[str], session: str, env: dict[str, str]) -> None:
     )
 
 
-def _box(sb: Sandbox, name: str) -> ProcessSet:
+def _box(sb: Sandbox, name: str, gpus: int) -> ProcessSet:
     env = bytecode_env(sb.env, write=True)
     out = subprocess.run(
-        [*devbox_command(), "up", name, "--no-attach", "--json"],
+        [*devbox_command(), "up", name, "--no-attach", "--json", "--gpus", str(gpus)],
         env=env,
         capture_output=True,
         stdin=subprocess.DEVNULL,
@@ -274,13 +276,23 @@ def main() -> None:
     parser.add_argument("--windows", type=int, default=2)
     parser.add_argument("--settle", type=float, default=45.0, help="idle this long first")
     parser.add_argument("--takes", type=int, default=3, help="PSS reads per process")
+    parser.add_argument(
+        "--gpus", type=int, default=0, help="simulated idle GPUs of the box (NVML simulator)"
+    )
     args = parser.parse_args()
     if not shutil.which("screen"):
         raise SystemExit("benchmark needs screen: apt-get install screen")
     with sandbox() as sb:
+        if args.gpus:
+            # The project's NVML simulator (nvidia-ml-py's real code runs): GPUs at rest.
+            nvml_dir = sb.root / "nvml"
+            nvml_sim.build(nvml_dir)
+            gpu_file = sb.root / "gpus.txt"
+            nvml_sim.write(gpu_file, [nvml_sim.SimGpu(power_limit_mw=700_000)] * args.gpus)
+            sb.env.update(LD_LIBRARY_PATH=str(nvml_dir), DEVBOX_NVML_SIM=str(gpu_file))
         sb.devbox("up", "warmup", "--no-attach")  # first use makes the user's key
         sb.devbox("down", "warmup", "--purge", "--yes")
-        box = _box(sb, BOX)
+        box = _box(sb, BOX, args.gpus)
         with sshd(sb.root, sb.key.with_name("id_ed25519.pub")) as peer:
             peer_session = f"peer-{sb.root.name}"
             _start_session(ssh_base(sb.key, peer.known_hosts, peer.port), peer_session, sb.env)
@@ -303,6 +315,7 @@ def main() -> None:
         "benchmark": "idle",
         "machine": machine(),
         "bytecode_cached": bytecode_cached(),
+        "gpus": args.gpus,
     }
     sets_out: dict[str, object] = {}
     totals: dict[str, dict[str, float]] = {}
