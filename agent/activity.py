@@ -75,6 +75,7 @@ class Activity:
     # time.time() of the newest sample that showed load (QUIET_GPU_UTIL, QUIET_CPU).
     _loaded_at: float = field(default_factory=lambda: time.time())
     _written: float = 0.0
+    _text: str = ""  # what the file holds, as this record last wrote it
     # Failed writes since the last logged one, and when that was (monotonic; 0: none yet).
     _failures: int = 0
     _failure_logged: float = 0.0
@@ -203,9 +204,13 @@ class Activity:
         if self.path is None or (not force and now - self._written < ACTIVITY_WRITE_INTERVAL):
             return
         self._written = now
+        text = json.dumps(self.snapshot())
         try:
-            private.write_text(self.path, json.dumps(self.snapshot()))
+            if not (text == self._text and _touched(self.path)):
+                private.write_text(self.path, text)
+                self._text = text
         except OSError as exc:
+            self._text = ""  # whatever is there now, the next write replaces it
             # Called as a session opens and on every keystroke: a full state disk must
             # never refuse or break a session. Only the record is lost (the local box
             # then looks idle and silent to `devbox ls` and the autoscaler, whose
@@ -225,3 +230,14 @@ class Activity:
         if self._failure_logged:
             log.info("the activity file %s is written again", self.path)
             self._failure_logged, self._failures = 0.0, 0
+
+
+def _touched(path: Path) -> bool:
+    """Renew the file's age, the local box's heartbeat, where its content is unchanged (a
+    quiet box's every tick): a tenth of the cost of rewriting it (a temporary file of a
+    random name, written and renamed), which was most of such a tick. False: it is gone."""
+    try:
+        os.utime(path)
+    except FileNotFoundError:
+        return False
+    return True

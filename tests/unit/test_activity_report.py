@@ -74,3 +74,23 @@ def test_lease_annotations_round_trip_and_bad_values() -> None:
         {protocol.ANN_LAST_INPUT: "5", protocol.ANN_CLIENTS: "0"}
     )
     assert old is not None and old["runs"] == 0 and old["gpu_util"] is None
+
+
+def test_an_unchanged_record_is_only_touched_and_a_changed_or_lost_one_rewritten(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "activity.json"
+    activity = Activity(path)
+    activity.client(1)  # forced: written now
+    first = path.stat()
+    os.utime(path, (first.st_atime - 60, first.st_mtime - 60))  # as if a minute old
+    activity.client(0)  # the same record again (no client is a change: 1 -> 1 + 0)
+    again = path.stat()
+    # The heartbeat (the file's age) is renewed in place: the same file, not a new one.
+    assert again.st_ino == first.st_ino and again.st_mtime > first.st_mtime - 30
+    activity.client(-1)
+    changed = path.stat()
+    assert changed.st_ino != first.st_ino and json.loads(path.read_text())["clients"] == 0
+    path.unlink()  # gone (a purge, a cleaner): the next write makes it again
+    activity.client(0)
+    assert json.loads(path.read_text())["clients"] == 0
