@@ -40,7 +40,7 @@ if not __package__:
     # benchmarks.* and tests.* imports (neither is an installed package).
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from benchmarks.harness import emit, sandbox, summary
+from benchmarks.harness import emit, machine, met, sandbox, summary
 from tests import nvml_sim  # the simulator lives with the tests
 
 
@@ -308,6 +308,7 @@ def main() -> None:
             _gpus(gpu_file, args.gpus, pids)
             time.sleep(2.0)  # the agent discovers the new processes once
             runs = {}
+            judged: dict[str, object] = {}
             for rate in (1.0, 10.0):
                 agent = asyncio.run(_subscribe(box, sb.env, rate, args.seconds, agent_pid))
                 peers = {
@@ -321,15 +322,23 @@ def main() -> None:
                     else None
                 )
                 runs[f"{rate:g}hz"] = {**agent, "peers": peers, "agent_over_floor": ratio}
+                if rate == 1.0:
+                    cpu = float(agent["agent_cpu_pct_of_one_core"])  # type: ignore[arg-type]
+                    judged["agent_cpu_pct_at_1hz"] = met(cpu, "<=", 1.0)
+                    judged["agent_over_floor_at_1hz"] = (
+                        None if ratio is None else met(ratio, "<=", 1.5)
+                    )
         os.kill(agent_pid, signal.SIGTERM)
     emit(
         {
             "benchmark": "telemetry",
+            "machine": machine(),
             "gpus": args.gpus,
             "box_processes": args.procs,
             "seconds_per_run": args.seconds,
             "runs": runs,
             "targets": {"agent_cpu_pct_at_1hz_max": 1.0, "agent_over_floor_max": 1.5},
+            "met": judged,
         }
     )
 
