@@ -25,7 +25,18 @@ from pathlib import Path
 
 import yaml
 
-from benchmarks.harness import REPO, Sandbox, bytecode_env, devbox_command
+from benchmarks.harness import (
+    REPO,
+    Sandbox,
+    bytecode_env,
+    devbox_command,
+    free_port,
+    interleaved,
+    machine,
+    met,
+    ssh_base,
+    summary,
+)
 from devbox import protocol
 
 
@@ -64,9 +75,13 @@ def transfer_rate(argv: list[str], env: dict[str, str]) -> float:
     return got / elapsed / (1 << 20)
 
 
-def claim_to_shell(argv: list[str], env: dict[str, str], timeout: float = 60) -> float:
+def claim_to_shell(
+    argv: list[str], env: dict[str, str], timeout: float = 60, *, cpu: list[float] | None = None
+) -> float:
     """Seconds from `devbox up NAME` on a terminal (it attaches in the same process, as a
-    user runs it) to a command typed at once having run in the box's shell."""
+    user runs it) to a command typed at once having run in the box's shell. `cpu` gets
+    the CPU seconds (user + system) the command and its ssh used, to its exit after the
+    detach: what the client itself costs, whatever the load."""
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
     start = time.perf_counter()
@@ -86,7 +101,19 @@ def claim_to_shell(argv: list[str], env: dict[str, str], timeout: float = 60) ->
                 raise SystemExit(f"{argv} ended before its shell: {seen[-800:]!r}") from None
         elapsed = time.perf_counter() - start
         os.write(master, b"\x01d")  # detach screen: the box stays, the client ends
-        proc.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while proc.returncode is None and time.monotonic() < deadline:
+            # wait4, not wait: its usage counts the command's threads and its ssh.
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                proc.returncode = os.waitstatus_to_exitcode(status)
+                if cpu is not None:
+                    cpu.append(usage.ru_utime + usage.ru_stime)
+            else:
+                # Drain the terminal: a client blocked writing to it would never end.
+                if select.select([master], [], [], 0.01)[0]:
+                    with contextlib.suppress(OSError):
+                        os.read(master, 65536)
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -138,26 +165,56 @@ def configure_kube_user(
 # __pycache__ folders changes neither figure.
 CACHED = "bytecode_cached"  # `pip install .`: every module's bytecode is there
 COMPILED = "devbox_compiled_each_run"  # PYTHONDONTWRITEBYTECODE=1 in an editable install
+INSTALLED = "installed"  # as `pip install .` leaves it: no editable hook, bytecode cached
 
 
 def bytecode_modes(
-    env: dict[str, str], root: Path, warm_up: Callable[[dict[str, str]], None]
+    env: dict[str, str],
+    root: Path,
+    warm_up: Callable[[list[str], dict[str, str]], None],
+    *,
+    installed: list[str],
+    source: Path = REPO,
+    prefix: str = "",
 ) -> dict[str, dict[str, str]]:
-    """{mode: env}. `warm_up(env)` runs the measured command once per mode, writing the
-    bytecode of every module it imports; then, for COMPILED, devbox's own (everything
-    under the repository) is removed and nothing may be written again: the standard
-    library and the dependencies stay compiled, as in any install, devbox's modules are
-    compiled by every run."""
+    """{prefix + mode: env} for devbox's code in `source` (another checkout: a baseline
+    measured in the same rounds); `installed`: the console script of installed_devbox.
+    `warm_up(argv, env)` runs the measured command once per mode, writing the bytecode of
+    every module it imports; then, for COMPILED, devbox's own (everything under `source`)
+    is removed and nothing may be written again: the standard library and the
+    dependencies stay compiled, as in any install, devbox's modules are compiled by every
+    run."""
     modes = {}
-    for mode in (CACHED, COMPILED):
-        folder = root / f"pyc-{mode}"
-        made = dict(bytecode_env(env, write=True), PYTHONPYCACHEPREFIX=str(folder))
-        warm_up(made)
+    for mode in (INSTALLED, CACHED, COMPILED):
+        folder = root / f"pyc-{prefix}{mode}"
+        base = dict(env, PYTHONPATH=str(source))
+        made = dict(bytecode_env(base, write=True), PYTHONPYCACHEPREFIX=str(folder))
+        warm_up(installed if mode == INSTALLED else devbox_command(), made)
         if mode == COMPILED:
-            shutil.rmtree(folder / str(REPO).lstrip("/"), ignore_errors=True)
-            made = dict(bytecode_env(env, write=False), PYTHONPYCACHEPREFIX=str(folder))
-        modes[mode] = made
+            shutil.rmtree(folder / str(source).lstrip("/"), ignore_errors=True)
+            made = dict(bytecode_env(base, write=False), PYTHONPYCACHEPREFIX=str(folder))
+        modes[prefix + mode] = made
     return modes
+
+
+def installed_devbox(root: Path) -> list[str]:
+    """A `devbox` console script as `pip install .` writes one, in a venv of its own whose
+    only .pth puts this venv's site-packages (the dependencies) on the path: no editable
+    hook (setuptools' finder, 10-25 ms of every start here), devbox from PYTHONPATH."""
+    venv = root / "installed"
+    base = (
+        Path(sys.base_prefix) / "bin" / f"python{sys.version_info.major}.{sys.version_info.minor}"
+    )
+    subprocess.run([str(base), "-m", "venv", "--without-pip", str(venv)], check=True)
+    packages = next(p for p in map(Path, sys.path) if p.name == "site-packages")
+    lib = next((venv / "lib").glob("python3*")) / "site-packages"
+    (lib / "devbox-dependencies.pth").write_text(f"{packages}\n")
+    script = venv / "bin/devbox"
+    script.write_text(
+        f"#!{venv}/bin/python\nimport sys\nfrom devbox.cli import main\nsys.exit(main())\n"
+    )
+    script.chmod(0o755)
+    return [str(script)]
 
 
 def raw_claim_spec(sb: Sandbox, kubeconfig: Path, namespace: str, *, profile: str) -> Path:
@@ -209,25 +266,129 @@ def warm_claims(
     *,
     profile: list[str],
     tag: str,
+    installed: list[str] | None = None,
+    cpu: dict[str, list[float]] | None = None,
 ) -> dict[str, Callable[[], float]]:
     """One take per way of claiming a warm pod to a shell: devbox in each bytecode mode,
     and the raw peer. Each take first tops the pool up to one ready pod (not timed) and
-    releases its box after (not timed either)."""
+    releases its box after (not timed either); `cpu` gets each take's client CPU seconds
+    by take name."""
     count = iter(range(1_000_000))
+    cpu = cpu if cpu is not None else {}
 
-    def take(argv_of: Callable[[str], list[str]], env: dict[str, str]) -> Callable[[], float]:
+    def command_of(mode: str) -> list[str]:
+        return installed if installed and mode.endswith(INSTALLED) else devbox_command()
+
+    def take(
+        mode: str, argv_of: Callable[[str], list[str]], env: dict[str, str]
+    ) -> Callable[[], float]:
         def run() -> float:
             name = f"{tag}{next(count)}"
             sb.devbox("pool", "warm", *profile, "--size", "1")  # waits until the pod serves
-            took = claim_to_shell(argv_of(name), env)
+            took = claim_to_shell(argv_of(name), env, cpu=cpu.setdefault(mode, []))
             sb.devbox("down", name, "--now", check=False)
             return took
 
         return run
 
-    takes = {
-        mode: take(lambda n: [*devbox_command(), "up", n, *profile], env)
-        for mode, env in modes.items()
-    }
-    takes["raw_peer"] = take(lambda n: raw_claim_command(raw_spec, n), sb.env)
+    def up_with(command: list[str]) -> Callable[[str], list[str]]:
+        return lambda name: [*command, "up", name, *profile]
+
+    takes = {mode: take(mode, up_with(command_of(mode)), env) for mode, env in modes.items()}
+    takes["raw_peer"] = take("raw_peer", lambda n: raw_claim_command(raw_spec, n), sb.env)
     return takes
+
+
+TARGET_S = 0.25  # issue 22: a warm claim to a shell prompt
+
+
+def measure(
+    sb: Sandbox,
+    *,
+    kubeconfig: Path,
+    kubectl: list[str],
+    namespace: str,
+    profile: str,
+    runs: int,
+    mib: int,
+    warm_only: bool,
+    baseline: Path | None,
+) -> dict[str, object]:
+    """Both Kubernetes benchmarks' figures for boxes of `profile`: warm claims to a shell
+    (devbox installed, cached and compiled, a baseline checkout's alike, the raw peer) and
+    cold ones, interleaved round by round; then throughput against kubectl port-forward."""
+    chosen = [] if profile == "default" else ["--profile", profile]
+    # The namespace's first pod makes the homes claim; the first command caches who the
+    # user is (the SelfSubjectReview): neither is part of a claim's cost.
+    sb.devbox("up", "warmup", "--no-attach", *chosen)
+    sb.devbox("down", "warmup", "--now")
+    raw = raw_claim_spec(sb, kubeconfig, namespace, profile=profile)
+
+    def warm_up(argv: list[str], env: dict[str, str]) -> None:
+        sb.devbox("pool", "warm", *chosen, "--size", "1")
+        claim_to_shell([*argv, "up", "bytecode", *chosen], env)
+        sb.devbox("down", "bytecode", "--now")
+
+    installed = installed_devbox(sb.root)
+    modes = bytecode_modes(sb.env, sb.root, warm_up, installed=installed)
+    if baseline:
+        modes |= bytecode_modes(
+            sb.env,
+            sb.root,
+            warm_up,
+            installed=installed,
+            source=baseline.resolve(),
+            prefix="baseline_",
+        )
+    cpu: dict[str, list[float]] = {}
+    takes = warm_claims(sb, modes, raw, profile=chosen, tag="w", installed=installed, cpu=cpu)
+    colds = iter(range(1_000_000))
+
+    def cold() -> float:
+        # The warm takes before it left the pool empty: this one makes a pod.
+        name = f"cold{next(colds)}"
+        took = claim_to_shell([*devbox_command(), "up", name, *chosen], modes[CACHED])
+        assert not str(sb.box(name)["place"]).startswith("devbox-warm-"), "not a cold claim"
+        sb.devbox("down", name, "--now")
+        return took
+
+    if not warm_only:
+        takes["cold"] = cold
+    interleaved(1, takes)  # a first round of each, not counted
+    cpu.clear()
+    samples = interleaved(runs, takes)
+    result: dict[str, object] = {
+        "machine": machine(),
+        "runs": runs,
+        "claim_to_shell_s": {name: summary(s) for name, s in samples.items()},
+        # The claiming process's and its ssh's CPU time, load or not.
+        "client_cpu_s": {name: summary(s) for name, s in cpu.items()},
+    }
+    median = {name: float(summary(s)["median"]) for name, s in samples.items()}
+    result["devbox_over_raw_peer"] = {mode: median[mode] / median["raw_peer"] for mode in modes}
+    targets = {
+        f"warm_claim_to_shell_{mode}_median_s": met(median[mode], "<=", TARGET_S)
+        for mode in (INSTALLED, CACHED, COMPILED)
+    }
+    if not warm_only:
+        result["warm_over_cold"] = median[CACHED] / median["cold"]
+        targets["warm_over_cold"] = met(median[CACHED] / median["cold"], "<=", 0.3)
+        # Throughput: both paths end at the same agent and use the same OpenSSH client.
+        box = json.loads(sb.devbox("up", "tput", "--no-attach", "--json", *chosen).stdout)
+        sb.devbox("ssh-config", "--write")
+        home = Path(sb.env["HOME"])
+        ours = ["ssh", "-F", str(home / ".config/devbox/ssh_config"), "tput.devbox"]
+        port = free_port()
+        with kubectl_forward(kubectl, namespace, box["place"], port):
+            known = home / ".local/state/devbox/known_hosts"
+            theirs = ssh_base(sb.key, known, port, alias="tput.devbox")
+            devbox_mbps, kubectl_mbps = downloads([ours, theirs], modes[CACHED], mib, 5)
+        sb.devbox("down", "tput", "--now")
+        result["throughput_MiBps"] = {
+            "devbox_port_forward": devbox_mbps,
+            "kubectl_port_forward": kubectl_mbps,
+        }
+        result["throughput_ratio"] = devbox_mbps / kubectl_mbps
+        targets["throughput_ratio"] = met(devbox_mbps / kubectl_mbps, ">=", 1.0)
+    result["met"] = targets
+    return result
