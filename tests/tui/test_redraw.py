@@ -17,7 +17,7 @@ from tests.tui.test_app import SIZE, app_for, boxes_screen, until
 from tui import app as app_module
 from tui.feed import BoxView
 from tui.screens import boxes as boxes_module
-from tui.screens.boxes import Sparks, row
+from tui.screens.boxes import Rows, Sparks, row
 from tui.widgets.boxtable import BoxTable
 
 COLUMNS = ("NAME", "VALUE")
@@ -145,6 +145,36 @@ def test_the_cached_sparkline_is_the_one_drawn_afresh() -> None:
     again = BoxView(make_box(0, 2))
     again.add(sample(0, 2, 0, t=T0))
     assert row(again, T0, sparks=sparks) == row(again, T0)
+
+
+def test_cached_rows_are_the_rows_formatted_afresh() -> None:
+    """Whatever a row shows changes (a sample's figures, the record, the link, the clock,
+    the history) and the cache gives what `row` gives."""
+    import dataclasses
+
+    from devbox.boxes import BoxState
+
+    view, rows = BoxView(make_box(1, 2)), Rows()
+    view.add_history([sample(1, 2, s, t=T0 - 30 + s) for s in range(30)])
+    now = T0
+
+    def same() -> None:
+        assert rows.of(view, now) == row(view, now)
+
+    same()
+    still = sample(1, 2, 7, t=T0)
+    for seq in range(25):  # the same figures again and again, then new ones
+        view.add({**(still if seq < 15 else sample(1, 2, seq, t=T0)), "t": T0 + seq / 10})
+        # The idle time ticks (box 1 was last active 30 s before T0), out of step with
+        # the history's points.
+        now += 0.13
+        same()
+    view.link = "lost: test"
+    same()
+    view.box = dataclasses.replace(view.box, state=BoxState.IDLE)
+    same()
+    now += 3600
+    same()
 
 
 async def test_the_gc_threshold_is_raised_while_the_app_runs_and_restored_after() -> None:

@@ -11,6 +11,7 @@ from textual.binding import Binding, BindingType
 from textual.widgets import Footer, Header, Input, Static
 
 from devbox.boxes import hung_note
+from devbox.protocol import Sample
 from tui import messages
 from tui.feed import BoxView, Store
 from tui.screens.base import AppScreen, ScreenContext
@@ -52,19 +53,62 @@ class Sparks:
         self._drawn = {k: v for k, v in self._drawn.items() if k in names}
 
 
-def row(view: BoxView, now: float, *, sparks: Sparks | None = None) -> tuple[str, ...]:
-    box, sample = view.box, view.sample
+class Rows:
+    """Each box's cells as last formatted, and what they were formatted from. A box whose
+    new sample brought the same GPU figures, with the same record, link and history, and
+    whose ages read the same, keeps its cells as they were: an idle lab's every sample."""
+
+    def __init__(self) -> None:
+        self.sparks = Sparks()
+        self._made: dict[str, tuple[tuple[object, ...], tuple[str, ...]]] = {}
+
+    def of(self, view: BoxView, now: float) -> tuple[str, ...]:
+        box = view.box
+        # Everything `row` reads. The view first: a box that went and came back under
+        # its name is a new view (compared by identity first, so this costs nothing). The
+        # GPUs' figures as the row sums them: comparing the samples' GPU lists instead
+        # cost four times as much.
+        inputs = (
+            view,
+            box,
+            view.link,
+            view.recorded,
+            view.hung_since,
+            gpu_figures(view.sample),
+            age(box.idle_seconds(now)),
+            age(now - box.created_at) if box.created_at else "-",
+        )
+        made = self._made.get(box.name)
+        if made is not None and made[0] == inputs:
+            return made[1]
+        cells = row(view, now, sparks=self.sparks)
+        self._made[box.name] = (inputs, cells)
+        return cells
+
+    def keep(self, names: set[str]) -> None:
+        """Forget the boxes that are gone."""
+        self._made = {k: v for k, v in self._made.items() if k in names}
+        self.sparks.keep(names)
+
+
+def gpu_figures(sample: Sample | None) -> tuple[int, int, float | None]:
+    """A sample's GPU memory used and total, summed, and its mean utilisation (None: no
+    GPU reports one), in one pass (this runs for every box that changed, every frame)."""
     used = total = 0
-    util: float | None = None
-    if sample is not None and sample["gpus"]:
-        # One pass over the GPUs (this runs for every box that changed, every frame).
-        utils: list[float] = []
-        for g in sample["gpus"]:
-            used += g["mem_used"] or 0
-            total += g["mem_total"] or 0
-            if g["util"] is not None:
-                utils.append(g["util"])
-        util = sum(utils) / len(utils) if utils else None
+    if sample is None or not sample["gpus"]:
+        return used, total, None
+    utils: list[float] = []
+    for g in sample["gpus"]:
+        used += g["mem_used"] or 0
+        total += g["mem_total"] or 0
+        if g["util"] is not None:
+            utils.append(g["util"])
+    return used, total, sum(utils) / len(utils) if utils else None
+
+
+def row(view: BoxView, now: float, *, sparks: Sparks | None = None) -> tuple[str, ...]:
+    box = view.box
+    used, total, util = gpu_figures(view.sample)
     state = box.state.value if view.link == "live" or box.state.value != "running" else view.link
     # The autoscaler's word outranks the link: a user must see it in the table.
     if box.unhealthy_since:
@@ -147,15 +191,17 @@ class BoxesScreen(AppScreen):
         self._detail_of: str | None = None
         self._detail_at = 0.0
         self._detail_text: str | None = None
-        self.sparks = Sparks()
+        self.rows = Rows()
 
     def compose(self) -> ComposeResult:
         yield Header()
         yield Input(placeholder="filter: part of a name, state, owner or backend", id="filter")
-        table = BoxTable(COLUMNS, id="boxes")
-        yield table.header
-        yield table
-        yield Static(id="detail")
+        # Kept, not queried: show() runs on every redraw and reads both.
+        self.table = BoxTable(COLUMNS, id="boxes")
+        self.detail_panel = Static(id="detail")
+        yield self.table.header
+        yield self.table
+        yield self.detail_panel
         yield Footer()
 
     def on_unmount(self) -> None:
@@ -182,19 +228,17 @@ class BoxesScreen(AppScreen):
         boxes (or the filter) changed."""
         if not self.ready:
             return  # the redraw clock can tick between compose and on_mount
-        table = self.query_one("#boxes", BoxTable)
+        table = self.table
         now = self.context.clock()
         wanted = sorted(n for n, v in store.views.items() if self.matches(v))
-        sparks = self.sparks
+        rows, views = self.rows, store.views
         if relist or wanted != self.shown:
-            table.set_rows([(name, row(store.views[name], now, sparks=sparks)) for name in wanted])
+            rows.keep(set(views))
+            table.set_rows([(name, rows.of(views[name], now)) for name in wanted])
             self.shown = wanted
-            sparks.keep(set(store.views))
         else:
-            views, on_table = store.views, set(wanted)
-            table.update_rows(
-                {name: row(views[name], now, sparks=sparks) for name in dirty & on_table}
-            )
+            on_table = set(wanted)
+            table.update_rows({name: rows.of(views[name], now) for name in dirty & on_table})
         if relist or self.selected_name() in dirty:
             self.show_detail(now=relist)
         count = len(store.views)
@@ -216,10 +260,10 @@ class BoxesScreen(AppScreen):
             return  # the same lines: repainting them is all cost (an idle box, every 0.5 s)
         self._detail_text = text
         # Fixed height (app.tcss): new text never changes the layout of the screen.
-        self.query_one("#detail", Static).update(text, layout=False)
+        self.detail_panel.update(text, layout=False)
 
     def selected_name(self) -> str | None:
-        return self.query_one("#boxes", BoxTable).cursor_key
+        return self.table.cursor_key
 
     def on_box_table_row_highlighted(self, event: BoxTable.RowHighlighted) -> None:
         self.show_detail()
