@@ -20,6 +20,10 @@ box's sampler slows down, agent.activity.QUIET_AFTER):
   that went to sleep, so had woken); involuntary ones (preempted by other work on a busy
   machine) beside them.
 
+Beside them, PSS read with the box's: the floor of such a box, a bare `python -I -S` (the
+keeper's interpreter) and a bare `python -c "import asyncssh"` (the agent's server library,
+with asyncio, ssl and cryptography), with the box's own screen server and bash.
+
 Targets (issue 22): an idle box <= 15 MiB PSS; 0% of a core, i.e. under one clock tick of
 CPU per minute (<= 0.0167%), with its wake-ups per minute reported.
 
@@ -30,6 +34,7 @@ CPU per minute (<= 0.0167%), with its wake-ups per minute reported.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -37,7 +42,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -266,6 +271,38 @@ def _wait_idle(check: Callable[[], bool], settle: float) -> None:
     time.sleep(settle)  # what an idle box does from here on is what is measured
 
 
+# The least an agent and a keeper can be, in the same interpreter: CPython with asyncssh
+# (asyncio, ssl, cryptography) imported and nothing else, and `python -I -S` (the keeper's
+# standard library only, without even that). Each says when it is ready, then waits.
+FLOORS = {
+    "floor_keeper": ["-I", "-S", "-c", "import sys; print(1, flush=True); sys.stdin.read()"],
+    "floor_agent": ["-c", "import sys, asyncssh; print(1, flush=True); sys.stdin.read()"],
+}
+
+
+@contextlib.contextmanager
+def _floors(env: dict[str, str]) -> Iterator[dict[str, int]]:
+    procs = {
+        name: subprocess.Popen(
+            [sys.executable, *argv],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,  # cryptography's deprecation warnings
+        )
+        for name, argv in FLOORS.items()
+    }
+    try:
+        for p in procs.values():
+            assert p.stdout is not None
+            p.stdout.readline()  # imported
+        yield {name: p.pid for name, p in procs.items()}
+    finally:
+        for p in procs.values():
+            p.kill()
+            p.wait()
+
+
 def _mib(kib: float) -> float:
     return round(kib / 1024, 2)
 
@@ -305,7 +342,12 @@ def main() -> None:
                 ProcessSet("sshd", [listener, screen, *sorted(descendants(screen))]),
             ]
             comms = {s.name: s.comms() for s in sets}
-            pss = _pss(sets, args.takes)
+            with _floors(sb.env) as floors:
+                shells = [box_screen, *descendants(box_screen)]
+                floor = ProcessSet(
+                    "floor", [floors["floor_keeper"], floors["floor_agent"], *shells]
+                )
+                pss = _pss([*sets, floor], args.takes)
             windows = [_window(sets, args.seconds) for _ in range(args.windows)]
             pss_after = _pss(sets, 1)  # a box that grows while idle shows here
             subprocess.run(
@@ -353,6 +395,13 @@ def main() -> None:
             "bash); sshd: the listener, screen's server, its bash",
             "sets": sets_out,
             "box_over_sshd_pss": round(totals[BOX]["pss_mib"] / totals["sshd"]["pss_mib"], 2),
+            # What the same box would be if its keeper and agent were the bare interpreters
+            # above (screen's server and its bash are the box's own, measured with them).
+            "floor": {
+                "keeper_python_I_S_pss_mib": _mib(pss["floor"][floors["floor_keeper"]]["pss"]),
+                "agent_import_asyncssh_pss_mib": _mib(pss["floor"][floors["floor_agent"]]["pss"]),
+                "box_pss_mib": _mib(sum(v["pss"] for v in pss["floor"].values())),
+            },
             # One clock tick in a minute, the least /proc's utime+stime can show.
             "met": {
                 "idle_box_pss_mib": met(totals[BOX]["pss_mib"], "<=", TARGET_PSS_MIB),

@@ -99,6 +99,9 @@ def test_idle_benchmark() -> None:
     for s in result["sets"].values():
         assert s["total"]["pss_mib"] > 0 and s["total"]["wakeups_per_min"] >= 0
     assert set(result["met"]) == {"idle_box_pss_mib", "idle_box_cpu_pct_of_one_core"}
+    floor = result["floor"]
+    assert 0 < floor["keeper_python_I_S_pss_mib"] < floor["agent_import_asyncssh_pss_mib"]
+    assert floor["box_pss_mib"] > floor["agent_import_asyncssh_pss_mib"]
 
 
 def test_tui_benchmark() -> None:
@@ -122,8 +125,10 @@ def test_tui_benchmark() -> None:
     for key in ("p50", "p99", "max"):
         assert keys["key_on_screen_ms"][key] >= keys["key_handled_ms"][key] >= 0
     assert keys["key_on_screen_ms"]["n"] > 0 and keys["busy_processes"] == 1
-    for kind in ("intake", "textual", "rich_live"):
+    for kind in ("intake", "textual", "rich_live", "textual_keys", "sched"):
         assert floors[kind]["cpu_pct_of_one_core"] > 0
+    assert floors["textual_keys"]["key_on_screen_ms"]["n"] > 0
+    assert floors["sched"]["late_ms"]["n"] > 0 and floors["sched"]["demand_pct"] > 0
     assert result["machine_before"]["cpus"] and result["machine_after"]["cpus"]
 
 
