@@ -240,3 +240,43 @@ def test_a_taken_name_is_refused_and_leaves_the_pool_alone(kube: KubeUser) -> No
     # A free name takes the warm pod.
     fresh = kube.devbox("up", "fresh", "--no-attach")
     assert b"claimed warm pod" in fresh.stderr, fresh.stderr
+
+
+def imported(kube: KubeUser, *args: str) -> set[str]:
+    """The modules `devbox ARGS` imports, as `python -X importtime` lists them."""
+    done = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "devbox", *args],
+        env=kube.user.env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=60,
+        cwd=kube.user.home,
+    )
+    assert done.returncode == 0, done.stderr.decode()[-2000:]
+    lines = done.stderr.decode().splitlines()
+    return {ln.rsplit("|", 1)[1].strip() for ln in lines if ln.startswith("import time:")}
+
+
+# Neither a warm claim nor a session through the port-forward needs these: asyncio (the
+# pump is one thread), PyYAML (blockyaml reads kubectl's kubeconfig), http.client and the
+# email package (http1), the official client, and the cold path's and watch's modules.
+NOT_ON_THE_CLAIM_PATH = {
+    "asyncio",
+    "yaml",
+    "http.client",
+    "email.parser",
+    "kubernetes",
+    "devbox.backends.kubernetes.capacity",
+    "devbox.backends.kubernetes.waiting",
+    "devbox.backends.kubernetes.watching",
+}
+
+
+def test_a_warm_claim_and_a_session_import_only_what_they_use(kube: KubeUser) -> None:
+    kube.devbox("pool", "warm", "--size", "1", check=True)
+    claim = imported(kube, "up", "lean", "--no-attach")
+    assert "devbox.backends.kubernetes.portforward" in claim
+    assert claim & NOT_ON_THE_CLAIM_PATH == set()
+    session = imported(kube, "ssh", "lean", "--", "true")
+    assert "devbox.backends.kubernetes.tunnel" in session
+    assert session & NOT_ON_THE_CLAIM_PATH == set()

@@ -14,16 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from devbox import names, paths, profiles, saves
 from devbox import protocol as p
-from devbox.backends.kubernetes import (
-    api,
-    capacity,
-    clusterprofiles,
-    identity,
-    pods,
-    portforward,
-    waiting,
-    watching,
-)
+from devbox.backends.kubernetes import api, clusterprofiles, identity, pods, portforward
 from devbox.backends.kubernetes.rest import ApiError
 from devbox.boxes import Box, BoxSpec, BoxState
 from devbox.config import Config
@@ -35,6 +26,7 @@ from devbox.ssh.keys import ensure_user_key
 if TYPE_CHECKING:
     from devbox.autoscaler.world import Inspectable
     from devbox.backends.base import WarmPool
+    from devbox.backends.kubernetes import capacity
 
 POLL = 0.05  # seconds between looks at a pod that is starting; a warm claim takes a few
 
@@ -177,6 +169,8 @@ class KubernetesBackend:
 
     def watch(self, stop: threading.Event) -> Iterator[tuple[str, Box]]:
         """This user's box changes, as ("ADDED" | "MODIFIED" | "DELETED", box), until stop."""
+        from devbox.backends.kubernetes import watching
+
         selector = f"{pods.MANAGED},{p.LABEL_STATE}=claimed,{p.LABEL_OWNER}={self.me.label}"
         return watching.follow(lambda: self.cluster, selector, stop, keep=self._mine)
 
@@ -265,6 +259,8 @@ class KubernetesBackend:
 
     def free_gpus(self) -> builtins.list[capacity.NodeGpus] | None:
         """Allocatable and unrequested GPUs per schedulable node; None: nodes unreadable."""
+        from devbox.backends.kubernetes import capacity
+
         with api.errors(self.cluster):
             return capacity.gpus_by_node(self.cluster.rest)
 
@@ -345,6 +341,9 @@ class KubernetesBackend:
                 return box
             if box.state is BoxState.FAILED:
                 raise DevboxError(f"box pod {pod_name} failed: {box.reason}")
+            # Only a pod that is not ready yet gets here (a warm claim returned above).
+            from devbox.backends.kubernetes import capacity
+
             events = self._report_events(pod_name, seen_events)
             why = self._waiting_for(pod, events)
             if why and why != said:
@@ -377,6 +376,8 @@ class KubernetesBackend:
     def _waiting_for(self, pod: dict[str, Any], events: builtins.list[dict[str, Any]]) -> str:
         """What the pod waits for, in words (waiting.py); the homes claim is read only
         when the scheduler says the pod waits for it."""
+        from devbox.backends.kubernetes import waiting
+
         claim: dict[str, Any] | None = None
         claim_events: builtins.list[dict[str, Any]] = []
         conditions = (pod.get("status") or {}).get("conditions") or []

@@ -6,9 +6,7 @@ import hashlib
 import json
 import math
 import re
-import secrets
 import time
-from datetime import datetime
 from typing import Any
 
 from devbox import protocol as p
@@ -362,8 +360,7 @@ def to_box(pod: dict[str, Any], *, activity: p.Activity | None = None) -> Box:
         unhealthy_since=_seconds(ann.get(p.ANN_UNHEALTHY_SINCE)),
         # A warm pod's box begins when it is claimed, not when the pool made it; the
         # pod's own time is RFC 3339 with a Z, as the API server writes it.
-        created_at=claimed
-        or (datetime.fromisoformat(created.replace("Z", "+00:00")).timestamp() if created else 0.0),
+        created_at=claimed or (_rfc3339(created) if created else 0.0),
         # The agent of a warm pod counts from its own start, while the pool held it; the
         # box is its user's from the claim, so idle counts from there too (IDLE <= AGE).
         last_activity=max(last_input, claimed) if last_input else 0.0,
@@ -380,8 +377,10 @@ def _now() -> str:
     return f"{time.time():.3f}"
 
 
-def random_suffix() -> str:
-    return secrets.token_hex(3)
+def _rfc3339(text: str) -> float:
+    from datetime import datetime  # here: a claimed box's time is its claimed-at annotation
+
+    return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
 def _seconds(text: str | None) -> float:
