@@ -76,12 +76,18 @@ def transfer_rate(argv: list[str], env: dict[str, str]) -> float:
 
 
 def claim_to_shell(
-    argv: list[str], env: dict[str, str], timeout: float = 60, *, cpu: list[float] | None = None
+    argv: list[str],
+    env: dict[str, str],
+    timeout: float = 60,
+    *,
+    cpu: list[float] | None = None,
+    ready_at: list[float] | None = None,
 ) -> float:
     """Seconds from `devbox up NAME` on a terminal (it attaches in the same process, as a
     user runs it) to a command typed at once having run in the box's shell. `cpu` gets
     the CPU seconds (user + system) the command and its ssh used, to its exit after the
-    detach: what the client itself costs, whatever the load."""
+    detach: what the client itself costs, whatever the load; `ready_at` the wall-clock
+    time (time.time()) the shell's answer came."""
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
     start = time.perf_counter()
@@ -100,6 +106,8 @@ def claim_to_shell(
             except OSError:  # EIO: the command ended, and the terminal with it
                 raise SystemExit(f"{argv} ended before its shell: {seen[-800:]!r}") from None
         elapsed = time.perf_counter() - start
+        if ready_at is not None:
+            ready_at.append(time.time())
         os.write(master, b"\x01d")  # detach screen: the box stays, the client ends
         deadline = time.monotonic() + 30
         while proc.returncode is None and time.monotonic() < deadline:
@@ -248,6 +256,7 @@ def raw_claim_spec(sb: Sandbox, kubeconfig: Path, namespace: str, *, profile: st
         "owner_key": (sb.key.with_suffix(".pub")).read_text().strip(),
         "ssh_key": str(sb.key),
         "known_hosts": str(folder / "known_hosts"),
+        "timeline": str(folder / "switched"),  # NAME and when its port-forward opened
     }
     path = folder / "spec.json"
     path.write_text(json.dumps(spec))
@@ -268,16 +277,20 @@ def warm_claims(
     tag: str,
     installed: list[str] | None = None,
     cpu: dict[str, list[float]] | None = None,
+    session: list[float] | None = None,
 ) -> dict[str, Callable[[], float]]:
     """One take per way of claiming a warm pod to a shell: devbox in each bytecode mode,
     and the raw peer. Each take first tops the pool up to one ready pod (not timed) and
     releases its box after (not timed either); `cpu` gets each take's client CPU seconds
-    by take name."""
+    by take name, `session` the raw peer's seconds from its port-forward to the shell."""
     count = iter(range(1_000_000))
     cpu = cpu if cpu is not None else {}
+    session = session if session is not None else []
 
     def command_of(mode: str) -> list[str]:
         return installed if installed and mode.endswith(INSTALLED) else devbox_command()
+
+    switched = Path(json.loads(raw_spec.read_text())["timeline"])
 
     def take(
         mode: str, argv_of: Callable[[str], list[str]], env: dict[str, str]
@@ -285,7 +298,13 @@ def warm_claims(
         def run() -> float:
             name = f"{tag}{next(count)}"
             sb.devbox("pool", "warm", *profile, "--size", "1")  # waits until the pod serves
-            took = claim_to_shell(argv_of(name), env, cpu=cpu.setdefault(mode, []))
+            ready: list[float] = []
+            took = claim_to_shell(argv_of(name), env, cpu=cpu.setdefault(mode, []), ready_at=ready)
+            if mode == "raw_peer":
+                # The raw peer's session alone: from its port-forward's 101 to the shell's
+                # answer (OpenSSH, the agent, screen), which no client-side work shortens.
+                at = dict(line.split() for line in switched.read_text().splitlines())
+                session.append(ready[0] - float(at[name]))
             sb.devbox("down", name, "--now", check=False)
             return took
 
@@ -341,7 +360,10 @@ def measure(
             prefix="baseline_",
         )
     cpu: dict[str, list[float]] = {}
-    takes = warm_claims(sb, modes, raw, profile=chosen, tag="w", installed=installed, cpu=cpu)
+    session: list[float] = []
+    takes = warm_claims(
+        sb, modes, raw, profile=chosen, tag="w", installed=installed, cpu=cpu, session=session
+    )
     colds = iter(range(1_000_000))
 
     def cold() -> float:
@@ -356,6 +378,7 @@ def measure(
         takes["cold"] = cold
     interleaved(1, takes)  # a first round of each, not counted
     cpu.clear()
+    session.clear()
     samples = interleaved(runs, takes)
     result: dict[str, object] = {
         "machine": machine(),
@@ -363,6 +386,9 @@ def measure(
         "claim_to_shell_s": {name: summary(s) for name, s in samples.items()},
         # The claiming process's and its ssh's CPU time, load or not.
         "client_cpu_s": {name: summary(s) for name, s in cpu.items()},
+        # Of the raw peer's claim, the part after its port-forward opened: OpenSSH, the
+        # agent and the shell's start, the same for every client.
+        "raw_peer_session_s": summary(session),
     }
     median = {name: float(summary(s)["median"]) for name, s in samples.items()}
     result["devbox_over_raw_peer"] = {mode: median[mode] / median["raw_peer"] for mode in modes}
