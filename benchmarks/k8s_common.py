@@ -320,6 +320,49 @@ def warm_claims(
 
 TARGET_S = 0.25  # issue 22: a warm claim to a shell prompt
 
+# What `devbox up` on a warm pool imports (python -X importtime), in the order it does.
+CLAIM_MODULES = (
+    "devbox.cli",
+    "devbox.commands.boxes",
+    "devbox.connect",
+    "devbox.backends.kubernetes",
+    "devbox.ssh.openssh",
+    "devbox.ssh.proxy",
+    "devbox.ssh.sshconfig",
+)
+
+
+def start_up(
+    modes: dict[str, dict[str, str]], installed: list[str], runs: int
+) -> dict[str, dict[str, float]]:
+    """The client-side floor's parts, CPU seconds of a process that does only that,
+    interleaved: Python without site (the raw peer's start), this venv's Python with site
+    (the editable hook's .pth included), the installed venv's, and the claim's imports of
+    devbox in each mode."""
+    python = sys.executable
+    installed_python = str(Path(installed[0]).with_name("python"))
+    load = "import " + ", ".join(CLAIM_MODULES)
+
+    def cpu_of(argv: list[str], env: dict[str, str]) -> Callable[[], float]:
+        def run() -> float:
+            proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL)
+            _, status, usage = os.wait4(proc.pid, 0)
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            assert proc.returncode == 0, argv
+            return usage.ru_utime + usage.ru_stime
+
+        return run
+
+    takes = {
+        "python_-S": cpu_of([python, "-S", "-E", "-c", "pass"], modes[CACHED]),
+        "python_with_site_editable": cpu_of([python, "-c", "pass"], modes[CACHED]),
+        "python_with_site_installed": cpu_of([installed_python, "-c", "pass"], modes[INSTALLED]),
+    }
+    for mode in (INSTALLED, CACHED, COMPILED):
+        runner = installed_python if mode == INSTALLED else python
+        takes[f"claim_imports_{mode}"] = cpu_of([runner, "-c", load], modes[mode])
+    return {name: summary(s) for name, s in interleaved(runs, takes).items()}
+
 
 def measure(
     sb: Sandbox,
@@ -392,6 +435,7 @@ def measure(
     }
     median = {name: float(summary(s)["median"]) for name, s in samples.items()}
     result["devbox_over_raw_peer"] = {mode: median[mode] / median["raw_peer"] for mode in modes}
+    result["start_up_cpu_s"] = start_up(modes, installed, max(runs, 10))
     targets = {
         f"warm_claim_to_shell_{mode}_median_s": met(median[mode], "<=", TARGET_S)
         for mode in (INSTALLED, CACHED, COMPILED)
