@@ -26,7 +26,7 @@ from pathlib import Path
 
 from agent import gpus, hostkey, sessions
 from agent.init import become_init_if_pid1
-from devbox import gpulocks, hang, private, protocol, saves
+from devbox import gpulocks, hang, private, protocol, saves, sshlib
 from devbox.boxes import Multiplexer
 from devbox.errors import UsageError
 
@@ -280,7 +280,8 @@ async def _serve(
 ) -> int:
     import asyncio
 
-    import asyncssh
+    with sshlib.importing():  # the process's first: quiet, no library search (~40 ms)
+        import asyncssh
 
     from agent import notices, saving, services
     from agent.server import Agent, BoxIdentity, serve

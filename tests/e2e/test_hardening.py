@@ -201,7 +201,7 @@ def test_the_log_holds_no_command_line_and_nothing_from_asyncssh(user: User) -> 
     assert "hunter2" not in text and "API_TOKEN" not in text, text
     assert f"exec ({len(secret) + len(' echo ok')} bytes)" in text, text
     assert " asyncssh" not in text, text  # asyncssh's own lines: user names, paths
-    assert "Warning" not in text, text  # libraries' deprecations (devbox.libwarnings)
+    assert "Warning" not in text, text  # libraries' deprecations (devbox.sshlib)
 
 
 def _ssh_audit(port: int) -> dict[str, object]:
