@@ -18,6 +18,7 @@ from typing import Any
 
 import asyncssh
 from asyncssh.kex import get_kex_algs
+from asyncssh.mac import get_mac_algs
 
 from agent import forwards, pqkex, preauth, remoteforwards, shell, sshspeed
 from agent.agentfwd import AgentRelay
@@ -484,7 +485,7 @@ async def serve(
         # connects; an OpenSSH client is offered AES-GCM alone (sshspeed.install above).
         encryption_algs=_CIPHERS,
         kex_algs=_kex_algs(),
-        mac_algs=_MACS,
+        mac_algs=_mac_algs(),
         login_timeout=agent.gate.grace,
         keepalive_interval=30,
     )
@@ -505,6 +506,13 @@ async def serve(
     await agent.agent_relay.close()
     await server.wait_closed()
     agent.preauth_log.close()
+
+
+def _mac_algs() -> list[str]:
+    """The MACs wanted that this asyncssh has: UMAC needs libnettle, which a slim image may
+    lack (naming it there made asyncssh refuse the whole configuration)."""
+    have = {alg.decode() for alg in get_mac_algs()}
+    return [alg for alg in _MACS if alg in have]
 
 
 def _kex_algs() -> list[str]:

@@ -66,3 +66,20 @@ def test_the_agent_starts_and_serves_without_pqcrypto(user: User, tmp_path: Path
     assert result.stdout == b"served\n"
     kex, _ = _negotiated(result.stderr)
     assert kex == "curve25519-sha256"
+
+
+def test_the_agent_starts_and_serves_without_libnettle(user: User, tmp_path: Path) -> None:
+    """asyncssh has UMAC only through libnettle, which a slim image may lack: the agent then
+    offers the MACs it has (naming UMAC anyway made asyncssh refuse to start the server)."""
+    hidden = tmp_path / "hidden"
+    hidden.mkdir()
+    (hidden / "sitecustomize.py").write_text(
+        "import ctypes.util\n"
+        "_find = ctypes.util.find_library\n"
+        "ctypes.util.find_library = lambda name: None if 'nettle' in name else _find(name)\n"
+    )
+    user.env["PYTHONPATH"] = os.pathsep.join([str(hidden), user.env["PYTHONPATH"]])
+    user.up("nonettle")
+    result = user.ssh("nonettle.devbox", "echo", "served")
+    assert result.returncode == 0, result.stderr.decode()
+    assert result.stdout == b"served\n"
