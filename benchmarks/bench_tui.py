@@ -3,8 +3,8 @@
 `devbox tui` runs headless on --boxes x --gpus synthetic boxes (tests/tui/synthetic.py, the
 same feed the snapshot tests use) streaming at --rate Hz. Each figure comes from its own
 process, so that one's CPU never lands on another's bill, and the processes take turns
-(--runs rounds of stream, still, idle, keys, intake, textual, rich: a burst of load from elsewhere
-lands on all of them). CPU is the process's user + system time over wall time, as % of one
+(--runs rounds of all the children below: a burst of load from elsewhere lands on all of
+them). CPU is the process's user + system time over wall time, as % of one
 core (robust to load: a busy machine stretches the wall, not the CPU a frame needs); only
 the steady state is measured, after start-up, so the bytecode mode (printed) does not enter.
 
@@ -22,9 +22,13 @@ the steady state is measured, after start-up, so the bytecode mode (printed) doe
 - the floors: `intake`, the same feed into the same Store with no UI at all (what any
   dashboard of this data pays before it draws: the feed's made-up samples stand in for
   decoding the agents' JSON, which costs more, and devbox.protocol checks each sample);
-  `textual`, a bare Textual app that repaints as many lines per frame as the TUI did, from
-  ready-made text (what Textual itself costs to composite and encode those frames); `rich`,
-  a Rich Live table of the same rows, fed through the same Store, redrawn whole each frame.
+  `textual`, that intake plus a bare Textual app repainting as many lines per frame as the
+  TUI did, from ready-made text (the least a Textual dashboard of this data costs); `rich`,
+  a Rich Live table of the same rows, fed through the same Store, redrawn whole each frame;
+  and, under the same load as the keys: `textual_keys`, the key latency of that bare app
+  (j/k move its cursor line), and `sched`, a plain loop that needs as much CPU as the TUI
+  took while streaming, in as many chunks a second as the TUI takes samples, and how late
+  its chunks start: what the scheduler alone does to a process of that appetite.
 
 Headless Textual builds each frame's strips but skips turning them into terminal bytes (the
 headless check in `App._display`), so the Textual children do that encoding themselves,
@@ -54,7 +58,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 if not __package__:
     # Run as a file (python benchmarks/bench_x.py, from any folder), Python puts benchmarks/
@@ -71,8 +75,9 @@ TARGET_STILL_CPU_PCT = 3.0
 TARGET_KEY_P99_MS = 50.0
 TARGET_LOAD = 5.0
 DEFAULT_RATE = 1.0  # what `devbox tui` streams at unless told (--rate)
-KINDS = ("stream", "still", "idle", "keys", "intake", "textual", "rich")
-FLOORS = ("intake", "textual", "rich")
+KINDS = ("stream", "still", "idle", "keys", "intake", "textual", "textual_keys", "sched", "rich")
+FLOORS = ("intake", "textual", "textual_keys", "sched", "rich")
+UNDER_LOAD = ("keys", "textual_keys", "sched")
 
 
 def _ms(samples: list[float]) -> dict[str, float]:
@@ -247,6 +252,20 @@ def _keys(probe: _TuiProbe, seconds: float, every: float, stop: threading.Event)
         stop.wait(max(0.0, every - (time.perf_counter() - start)))
 
 
+async def _press_keys(probe: _TuiProbe, args: argparse.Namespace) -> None:
+    """Keys from a thread for --seconds, the app's loop going on meanwhile."""
+    stop = threading.Event()
+    keys = threading.Thread(
+        target=_keys, args=(probe, args.seconds, args.key_every, stop), daemon=True
+    )
+    keys.start()
+    try:
+        while keys.is_alive():
+            await asyncio.sleep(0.05)
+    finally:
+        stop.set()
+
+
 async def _tui(args: argparse.Namespace) -> dict[str, Any]:
     from tests.tui.synthetic import T0, SyntheticFeed
     from tui.app import make_app
@@ -284,16 +303,7 @@ async def _tui(args: argparse.Namespace) -> dict[str, Any]:
         frames0, bytes0, lines0, cpu = probe.frames, probe.bytes, probe.lines, _Cpu()
         t0 = time.perf_counter()
         if args.child == "keys":
-            stop = threading.Event()
-            keys = threading.Thread(
-                target=_keys, args=(probe, args.seconds, args.key_every, stop), daemon=True
-            )
-            keys.start()
-            try:
-                while keys.is_alive():
-                    await asyncio.sleep(0.05)
-            finally:
-                stop.set()
+            await _press_keys(probe, args)
         else:
             with profile:
                 await asyncio.sleep(args.seconds)
@@ -352,59 +362,115 @@ async def _intake(args: argparse.Namespace) -> dict[str, Any]:
 
 
 async def _textual(args: argparse.Namespace) -> dict[str, Any]:
-    """A bare Textual app of the same size: one widget whose `lines` lines all change each
-    frame (two texts per line, alternating; a fresh Strip each time, as a changed row is),
-    at the redraw rate. No feed, no formatting: what compositing and encoding those frames
-    costs in Textual itself."""
+    """The least a Textual dashboard of this data costs: the same intake (the feed into a
+    Store, the dirty set taken at each tick), and a bare app of the same size whose one
+    widget, a line per box, repaints `lines` lines per frame (as many as the TUI did) from
+    ready-made text: a fresh Strip per changed line, no formatting, nothing else on screen.
+    j/k move a cursor line, as in the TUI, for the key latency of the textual_keys child."""
     from rich.segment import Segment
+    from rich.style import Style
     from textual.app import App, ComposeResult
+    from textual.binding import Binding, BindingType
     from textual.geometry import Region
     from textual.strip import Strip
     from textual.widget import Widget
 
-    width, lines = SIZE[0], max(1, min(args.lines, SIZE[1]))
+    from tests.tui.synthetic import SyntheticFeed
+    from tui.feed import Store
 
-    class Lines(Widget):
+    width, rows = SIZE[0], args.boxes
+    changing = max(1, min(args.lines, rows))
+    store = Store()
+    tasks = await _follow_all(SyntheticFeed(args.boxes, args.gpus), store, args.rate)
+
+    class Lines(Widget, can_focus=True):
         DEFAULT_CSS = "Lines { height: 1fr; }"
+        BINDINGS: ClassVar[list[BindingType]] = [
+            Binding("j", "cursor(1)"),
+            Binding("k", "cursor(-1)"),
+        ]
 
         def __init__(self) -> None:
             super().__init__()
             self.texts = [
                 (f" box-{i:02d} {'x' * (width - 20)}".ljust(width)[:width],
                  f" box-{i:02d} {'y' * (width - 20)}".ljust(width)[:width])
-                for i in range(lines)
+                for i in range(rows)
             ]  # fmt: skip
             self.phase = 0
-            self.strips = [Strip([Segment(a)], width) for a, _ in self.texts]
+            self.cursor = 0
 
         def render_line(self, y: int) -> Strip:
-            return self.strips[y] if y < lines else Strip.blank(width)
+            if y >= rows:
+                return Strip.blank(width)
+            style = self.rich_style + Style(reverse=True) if y == self.cursor else self.rich_style
+            return Strip([Segment(self.texts[y][self.phase], style)], width)
 
         def tick(self) -> None:
+            store.take_dirty()  # what the app's redraw clock does first
             self.phase ^= 1
-            style = self.rich_style
-            self.strips = [Strip([Segment(t[self.phase], style)], width) for t in self.texts]
-            self.refresh(*(Region(0, y, width, 1) for y in range(lines)))
+            self.refresh(*(Region(0, y, width, 1) for y in range(changing)))
+
+        def move_to(self, index: int) -> None:
+            old, self.cursor = self.cursor, max(0, min(rows - 1, index))
+            self.refresh(Region(0, old, width, 1), Region(0, self.cursor, width, 1))
+
+        def action_cursor(self, step: int) -> None:
+            self.move_to(self.cursor + step)
 
     class Bare(App[None]):
         def compose(self) -> ComposeResult:
             yield Lines()
 
         def on_mount(self) -> None:
-            self.set_interval(1 / REDRAW_HZ, self.query_one(Lines).tick)
+            lines = self.query_one(Lines)
+            lines.focus()
+            self.set_interval(1 / REDRAW_HZ, lines.tick)
 
     app = Bare()
     probe = _TuiProbe(app)
     async with app.run_test(size=SIZE):
         await asyncio.sleep(args.settle)
+        lines = app.query_one(Lines)
+        probe.watch(lines)
         frames0, cpu, t0 = probe.frames, _Cpu(), time.perf_counter()
-        await asyncio.sleep(args.seconds)
+        if args.child == "textual_keys":
+            await _press_keys(probe, args)
+        else:
+            await asyncio.sleep(args.seconds)
         pct, wall = cpu.pct(), time.perf_counter() - t0
-    return {
+    for task in tasks:
+        task.cancel()
+    result: dict[str, Any] = {
         "cpu_pct_of_one_core": pct,
-        "lines_per_frame": lines,
+        "lines_per_frame": changing,
         "frames_per_s": round((probe.frames - frames0) / wall, 2),
     }
+    if args.child == "textual_keys":
+        result.update(key_on_screen_s=probe.on_screen, missed=probe.missed)
+    return result
+
+
+def _sched(args: argparse.Namespace) -> dict[str, Any]:
+    """No UI, no Python asyncio: a loop that needs --demand % of one core, in as many
+    chunks a second as the TUI takes samples (boxes x rate), and how late each chunk starts
+    after its time. Under the same load as the keys child: what the machine's scheduler
+    alone does to any process of the TUI's appetite."""
+    hz = args.boxes * args.rate
+    work = args.demand / 100 / hz
+    late: list[float] = []
+    cpu = _Cpu()
+    start = next_at = time.perf_counter()
+    while next_at - start < args.seconds:
+        next_at += 1 / hz
+        began = time.process_time()
+        while time.process_time() - began < work:
+            pass
+        wait = next_at - time.perf_counter()
+        if wait > 0:
+            time.sleep(wait)
+        late.append(max(0.0, time.perf_counter() - next_at))
+    return {"cpu_pct_of_one_core": cpu.pct(), "demand_pct": args.demand, "late_s": late}
 
 
 class _Sink:
@@ -525,7 +591,8 @@ def _child(kind: str, args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="devbox-bench-tui-") as tmp:
         out = Path(tmp) / "result.json"
         argv = [sys.executable, __file__, "--child", kind, "--out", str(out)]
-        for flag in ("boxes", "gpus", "seconds", "settle", "key_every", "profile", "lines"):
+        flags = ("boxes", "gpus", "seconds", "settle", "key_every", "profile", "lines", "demand")
+        for flag in flags:
             argv += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
         argv += ["--rate", str(DEFAULT_RATE if kind == "idle" else args.rate)]
         done = subprocess.run(
@@ -560,14 +627,19 @@ def main() -> None:
     parser.add_argument("--child", choices=KINDS, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     parser.add_argument("--lines", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--demand", type=float, default=0.0, help=argparse.SUPPRESS)
     args = parser.parse_args()
 
     if args.child:
         if args.child not in FLOORS:
             result = asyncio.run(_tui(args))
         else:
-            runners = {"intake": _intake, "textual": _textual, "rich": _rich}
-            result = asyncio.run(runners[args.child](args))
+            runners = {"intake": _intake, "textual": _textual, "textual_keys": _textual}
+            runners["rich"] = _rich
+            if args.child == "sched":
+                result = _sched(args)
+            else:
+                result = asyncio.run(runners[args.child](args))
         Path(args.out).write_text(json.dumps(result))
         return
 
@@ -577,10 +649,13 @@ def main() -> None:
 
     def take(kind: str) -> Callable[[], float]:
         def run() -> float:
-            if kind == "textual":
-                # As many changed lines per frame as the TUI repainted while streaming.
+            # As many changed lines per frame as the TUI repainted while streaming, and
+            # as much CPU as it took.
+            if results["stream"]:  # the first child of each round
                 args.lines = round(results["stream"][-1]["lines_per_frame"])
-            with _load(args.load if kind == "keys" else 0, runnable if kind == "keys" else []):
+                args.demand = results["stream"][-1]["cpu_pct_of_one_core"]
+            loaded = kind in UNDER_LOAD
+            with _load(args.load if loaded else 0, runnable if loaded else []):
                 result = _child(kind, args)
             results[kind].append(result)
             return float(result["cpu_pct_of_one_core"])
@@ -598,7 +673,7 @@ def main() -> None:
     idle_cpu = _median(results["idle"], "cpu_pct_of_one_core")
     floors = {kind: _median(results[kind], "cpu_pct_of_one_core") for kind in FLOORS}
     runnable_mean = round(statistics.mean(runnable), 2) if runnable else 0.0
-    summary_of = {
+    summary_of: dict[str, dict[str, Any]] = {
         kind: {
             key: _median(rs, key)
             for key in ("cpu_pct_of_one_core", "frames_per_s", "lines_per_frame")
@@ -635,17 +710,30 @@ def main() -> None:
                 },
             },
             "floors": {
+                # CPU: the intake alone, the intake and a bare Textual app repainting as
+                # many lines (the least a Textual dashboard of this data costs), and a
+                # Rich Live table redrawn whole.
                 "intake": summary_of["intake"],
                 "textual": summary_of["textual"],
                 "rich_live": summary_of["rich"],
-                # The least any Textual dashboard of this data costs: the intake, and
-                # compositing as many changed lines per frame.
-                "intake_plus_textual_cpu_pct": round(floors["intake"] + floors["textual"], 3),
+                # Key latency under the same load: the bare app with the intake, and a
+                # loop of the TUI's CPU appetite with no UI at all (how late it starts
+                # its chunks is the scheduler's doing alone).
+                "textual_keys": summary_of["textual_keys"]
+                | {
+                    "key_on_screen_ms": _ms(
+                        [s for r in results["textual_keys"] for s in r["key_on_screen_s"]]
+                    ),
+                    "missed": sum(r["missed"] for r in results["textual_keys"]),
+                },
+                "sched": summary_of["sched"]
+                | {
+                    "demand_pct": _median(results["sched"], "demand_pct"),
+                    "late_ms": _ms([s for r in results["sched"] for s in r["late_s"]]),
+                },
             },
-            "stream_over_intake_plus_textual": round(
-                stream_cpu / (floors["intake"] + floors["textual"]), 2
-            )
-            if floors["intake"] + floors["textual"] > 0
+            "stream_over_textual_floor": round(stream_cpu / floors["textual"], 2)
+            if floors["textual"] > 0
             else None,
             **(
                 {"profile_tottime": results["stream"][0]["profile_tottime"]} if args.profile else {}

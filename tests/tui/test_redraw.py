@@ -19,6 +19,7 @@ from tui.feed import BoxView
 from tui.screens import boxes as boxes_module
 from tui.screens.boxes import Rows, Sparks, row
 from tui.widgets.boxtable import BoxTable
+from tui.widgets.text import spark
 
 COLUMNS = ("NAME", "VALUE")
 
@@ -137,14 +138,14 @@ async def test_the_detail_is_repainted_only_when_its_text_changes(
 def test_the_cached_sparkline_is_the_one_drawn_afresh() -> None:
     view, sparks = BoxView(make_box(0, 2)), Sparks()
     view.add_history([sample(0, 2, s, t=T0 - 30 + s) for s in range(30)])
-    assert row(view, T0, sparks=sparks) == row(view, T0)
+    assert sparks.of(view) == spark(view.util)
     for seq in range(40):  # 10 Hz: a history point every tenth sample
         view.add(sample(0, 2, 100 + seq, t=T0 + seq / 10))
-        assert row(view, T0, sparks=sparks) == row(view, T0), seq
+        assert sparks.of(view) == spark(view.util), seq
     # A box that went and came back under the same name starts its history anew.
     again = BoxView(make_box(0, 2))
     again.add(sample(0, 2, 0, t=T0))
-    assert row(again, T0, sparks=sparks) == row(again, T0)
+    assert sparks.of(again) == spark(again.util)
 
 
 def test_cached_rows_are_the_rows_formatted_afresh() -> None:

@@ -64,10 +64,10 @@ class Rows:
 
     def of(self, view: BoxView, now: float) -> tuple[str, ...]:
         box = view.box
-        # Everything `row` reads. The view first: a box that went and came back under
-        # its name is a new view (compared by identity first, so this costs nothing). The
-        # GPUs' figures as the row sums them: comparing the samples' GPU lists instead
-        # cost four times as much.
+        # Everything the row shows is made from these. The view first: a box that went
+        # and came back under its name is a new view (compared by identity first, so this
+        # costs nothing). The GPUs' figures as the row sums them: comparing the samples'
+        # GPU lists instead cost four times as much.
         inputs = (
             view,
             box,
@@ -81,7 +81,7 @@ class Rows:
         made = self._made.get(box.name)
         if made is not None and made[0] == inputs:
             return made[1]
-        cells = row(view, now, sparks=self.sparks)
+        cells = _cells(view, inputs[5], inputs[6], inputs[7], self.sparks.of(view))
         self._made[box.name] = (inputs, cells)
         return cells
 
@@ -106,9 +106,27 @@ def gpu_figures(sample: Sample | None) -> tuple[int, int, float | None]:
     return used, total, sum(utils) / len(utils) if utils else None
 
 
-def row(view: BoxView, now: float, *, sparks: Sparks | None = None) -> tuple[str, ...]:
+def row(view: BoxView, now: float) -> tuple[str, ...]:
+    """The table's cells for one box."""
     box = view.box
-    used, total, util = gpu_figures(view.sample)
+    return _cells(
+        view,
+        gpu_figures(view.sample),
+        age(box.idle_seconds(now)),
+        age(now - box.created_at) if box.created_at else "-",
+        spark(view.util),
+    )
+
+
+def _cells(
+    view: BoxView,
+    figures: tuple[int, int, float | None],
+    idle: str,
+    age_text: str,
+    sparkline: str,
+) -> tuple[str, ...]:
+    box = view.box
+    used, total, util = figures
     state = box.state.value if view.link == "live" or box.state.value != "running" else view.link
     # The autoscaler's word outranks the link: a user must see it in the table.
     if box.unhealthy_since:
@@ -123,11 +141,11 @@ def row(view: BoxView, now: float, *, sparks: Sparks | None = None) -> tuple[str
         state.split(":")[0],
         box.owner,
         str(box.spec.gpus),
-        (sparks.of(view) if sparks is not None else spark(view.util)) if box.spec.gpus else "",
+        sparkline if box.spec.gpus else "",
         pct(util) if box.spec.gpus else "",
         f"{size(used)}/{size(total)}" if total else "-",
-        age(box.idle_seconds(now)),
-        age(now - box.created_at) if box.created_at else "-",
+        idle,
+        age_text,
     )
 
 
