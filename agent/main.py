@@ -280,7 +280,7 @@ async def _serve(
 ) -> int:
     import asyncio
 
-    with sshlib.importing():  # the process's first: quiet, no library search (~40 ms)
+    with sshlib.importing(umac=True):  # the process's first: quiet, no liboqs search (~40 ms)
         import asyncssh
 
     from agent import notices, saving, services

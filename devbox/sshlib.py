@@ -12,8 +12,9 @@
   `ldconfig -p`, gcc and ld: ~40 ms of every `devbox ssh` and of every agent's start, for a
   library Debian 12 does not package. Under `importing()` that search answers None at once:
   the client agrees on mlkem768x25519 with devbox agents (through `cryptography`), and the
-  agent offers sntrup761 from the pq extra instead (agent.pqkex). Its search for libnettle
-  (UMAC) is left alone.
+  agent offers sntrup761 from the pq extra instead (agent.pqkex). The agent's search for
+  libnettle (UMAC, for clients on AES-CTR) is left alone; the client, which never uses
+  UMAC with a devbox agent, skips that one too.
 """
 
 from __future__ import annotations
@@ -29,13 +30,17 @@ def quiet() -> None:
 
 
 @contextlib.contextmanager
-def importing() -> Iterator[None]:
-    """Around the first `import asyncssh` of a process: quiet, and no library search."""
+def importing(*, umac: bool = False) -> Iterator[None]:
+    """Around the first `import asyncssh` of a process: quiet, and no search for liboqs
+    (nor for libnettle, unless `umac`)."""
     import ctypes.util
 
     quiet()
     find_library = ctypes.util.find_library
-    ctypes.util.find_library = lambda name: None if "oqs" in name else find_library(name)
+    skipped = ("oqs",) if umac else ("oqs", "nettle")
+    ctypes.util.find_library = lambda name: (
+        None if any(s in name for s in skipped) else find_library(name)
+    )
     try:
         yield
     finally:
