@@ -12,6 +12,12 @@ nothing (benchmarks/bench_idle.py).
 
 Which processes are the box's:
 - all_processes (inside a pod, own PID namespace): everything visible.
+- tree (a local box under its keeper, a child subreaper): the root and its descendants,
+  nothing else, since whatever detaches is reparented to the root. New ones are then
+  looked for among the children of the known ones (/proc/PID/task/TID/children), not by
+  listing every process of the machine and reading each newcomer: on a shared machine
+  that was most of an idle box's tick. While the box has more threads than
+  WALK_MAX_THREADS (a file each), listing is cheaper and is used instead.
 - otherwise (a local box on a shared machine): the agent (root_pid) and its descendants,
   plus every process whose environment holds the box marker (DEVBOX_BOX=<name>) and its
   descendants. The marker catches the screen/tmux server, which daemonizes and is
@@ -59,6 +65,9 @@ MAX_KEPT_FDS = 512
 # New processes are looked for (a listing of /proc) at most this often; the box's known
 # processes are read every tick. A new process shows within this many seconds.
 DISCOVERY_INTERVAL = 2.0
+# Threads of the box's processes above which a tree walk (a children file per thread) costs
+# more than listing /proc.
+WALK_MAX_THREADS = 128
 
 
 class _Gone(Exception):
@@ -168,6 +177,31 @@ class _Procfs:
             os.close(fd)
         return data.rstrip(b"\0").decode(errors="replace").split("\0") if data else []
 
+    def children(self, pid: int) -> list[int] | None:
+        """Its children, from every thread's children file; None where the kernel has no
+        such file (CONFIG_PROC_CHILDREN), [] for a process that is gone."""
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            return []
+        out: list[int] = []
+        for tid in tids:
+            try:
+                fd = os.open(f"/proc/{pid}/task/{tid}/children", os.O_RDONLY)
+            except FileNotFoundError:
+                if os.path.exists(f"/proc/{pid}/task/{tid}"):
+                    return None  # the thread is there, its children file is not
+                continue
+            except OSError:
+                continue
+            try:
+                out.extend(int(c) for c in os.read(fd, 65536).split())
+            except OSError:
+                pass
+            finally:
+                os.close(fd)
+        return out
+
     def environ(self, pid: int) -> bytes:
         # Another user's environ is mode 0400: PermissionError, so never the box's.
         try:
@@ -236,6 +270,14 @@ class _Psutil:
         except (psutil.Error, _Gone):
             return []
 
+    def children(self, pid: int) -> list[int] | None:
+        import psutil
+
+        try:
+            return [c.pid for c in self._handle(pid).children()]
+        except (psutil.Error, _Gone):
+            return []
+
     def environ(self, pid: int) -> bytes:
         import psutil
 
@@ -272,6 +314,7 @@ class HostSampler:
         box_marker: tuple[str, str] | None,
         all_processes: bool,
         discovery_interval: float = DISCOVERY_INTERVAL,
+        tree: bool = False,
     ) -> None:
         self._root = root_pid
         # Matched against b"\0" + environ: a whole variable, so box "a" is not box "ab".
@@ -280,6 +323,7 @@ class HostSampler:
         )
         self._all = all_processes
         self._discovery_interval = discovery_interval
+        self._tree = tree and not all_processes
         self._listed_at = -float("inf")
         self._last_pid: int | None = None
         self._reader: _Procfs | _Psutil = _Procfs() if _PROCFS else _Psutil()
@@ -385,8 +429,10 @@ class HostSampler:
 
     def _discover(self, now: float, fresh: dict[int, _Stat]) -> None:
         """Reads the processes not seen before into `fresh`, to be judged."""
-        reader = self._reader
         self._listed_at = now
+        if self._tree and self._threads() <= WALK_MAX_THREADS and self._walk(fresh):
+            return
+        reader = self._reader
         listed = reader.pids()
         for pid in self._box.keys() - listed:
             del self._box[pid]
@@ -400,6 +446,30 @@ class HostSampler:
                 # (psutil's AccessDenied elsewhere): either way not worth another read.
                 self._others.add(pid)
                 reader.forget(pid)
+
+    def _threads(self) -> int:
+        return sum(1 if k.stat is None else k.stat.threads for k in self._box.values())
+
+    def _walk(self, fresh: dict[int, _Stat]) -> bool:
+        """The children of the root and of every known box process not known yet, into
+        `fresh`; False where the kernel cannot say (list instead)."""
+        reader = self._reader
+        found: set[int] = set() if self._root in self._box else {self._root}
+        for pid in [self._root, *self._box]:
+            children = reader.children(pid)
+            if children is None:
+                self._tree = False
+                return False
+            found.update(children)
+        # Nothing outside the tree is read, so nothing outside it is remembered either:
+        # a zombie judged here is looked at again until it is reaped.
+        self._others.clear()
+        for pid in found - self._box.keys():
+            try:
+                fresh[pid] = reader.stat(pid)
+            except _Gone:
+                reader.forget(pid)
+        return True
 
     def _judge(self, fresh: dict[int, _Stat]) -> list[int]:
         """The box's processes among those seen for the first time; the rest are

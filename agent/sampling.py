@@ -19,10 +19,12 @@ class BoxSources:
         root_pid: int,
         box_marker: tuple[str, str] | None,
         all_processes: bool,
+        tree: bool = False,
     ) -> None:
+        """tree: every process of the box descends from root_pid (agent.host)."""
         self._gpus = GpuReader(gpu_uuids)
         self._host = HostSampler(
-            root_pid=root_pid, box_marker=box_marker, all_processes=all_processes
+            root_pid=root_pid, box_marker=box_marker, all_processes=all_processes, tree=tree
         )
 
     def read(self) -> tuple[list[GpuSample], HostSample, list[BoxProcess]]:

@@ -103,9 +103,10 @@ def _telemetry(
             gpu_uuids=gpu_uuids,
             # Under a keeper (a subreaper) the box's processes are exactly its descendants,
             # a daemonised screen server and orphans too: no stranger's environment need
-            # be read to tell (each new process on a busy machine cost an open and a read).
+            # be read to tell, nor any stranger looked at (agent.host's tree).
             root_pid=os.getpid() if keeper_pid is None else keeper_pid,
             box_marker=(protocol.BOX_ENV, box) if keeper_pid is None else None,
+            tree=keeper_pid is not None,
             all_processes=all_processes,
         ),
     )

@@ -304,3 +304,71 @@ def test_host_figures(reader: str) -> None:
             assert isinstance(value, float) and value >= 0
         else:
             assert value is None
+
+
+@pytest.fixture
+def keeper(tmp_path: Path) -> Iterator[tuple[int, int, int]]:
+    """A local box's keeper (a child subreaper) whose "agent" leaves an orphan behind and
+    stays: (keeper, its direct child, the orphan it adopted). All killed afterwards."""
+    from devbox.backends.local import keeper as keeper_module
+
+    ready_r, ready_w = os.pipe()
+    script = "sh -c 'sleep 3621 >/dev/null & echo $!' > orphan; exec sleep 3622"
+    argv = [keeper_module.__file__, str(tmp_path / "lock"), str(ready_w), "/bin/sh", "-c", script]
+    proc = subprocess.Popen(
+        [sys.executable, "-I", "-S", *argv],  # as the launcher runs it
+        cwd=tmp_path,
+        pass_fds=(ready_w,),
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    os.close(ready_w)  # its "agent" holds it, as a real one until it reports ready
+    os.close(ready_r)
+    orphan = 0
+
+    def said() -> str:
+        with contextlib.suppress(OSError):
+            return (tmp_path / "orphan").read_text().strip()
+        return ""
+
+    try:
+        orphan = int(wait_until(said, 10, "the orphan's pid"))
+        wait_for(execed(orphan, "3621"))
+        child = wait_until(lambda: [c.pid for c in psutil.Process(proc.pid).children()
+                                    if "3622" in c.cmdline()], 10, "the child")[0]  # fmt: skip
+        wait_for(lambda: psutil.Process(orphan).ppid() == proc.pid)  # adopted
+        yield proc.pid, child, orphan
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        if orphan:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(orphan, signal.SIGKILL)
+        proc.wait()
+
+
+@pytest.mark.parametrize("walk", [True, False])
+def test_under_a_keeper_its_descendants_are_the_box_and_no_stranger_is_read(
+    procs: Procs,
+    reader: str,
+    keeper: tuple[int, int, int],
+    walk: bool,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A tree walk from the keeper finds what listing every process finds (its child, the
+    orphan it adopted, a process born later), and reads no process outside the box; past
+    WALK_MAX_THREADS the sampler lists /proc as before."""
+    root, child, orphan = keeper
+    if not walk:
+        monkeypatch.setattr(agent.host, "WALK_MAX_THREADS", 0)
+    (decoy,) = procs.orphans("sleep 3623 >/dev/null & echo $!")
+    wait_for(execed(decoy, "3623"))
+    sampler = HostSampler(
+        root_pid=root, box_marker=None, all_processes=False, discovery_interval=0, tree=True
+    )
+    stats: list[int] = []
+    spy(monkeypatch, sampler, "stat", stats)
+    assert by_pid(sampler.read()[1]).keys() == {root, child, orphan}
+    late = subprocess.Popen(["sleep", "3624"], stdin=subprocess.DEVNULL)  # not the box's
+    procs.adopt(late.pid)
+    assert by_pid(sampler.read()[1]).keys() == {root, child, orphan}
+    assert (decoy in stats) is not walk and (late.pid in stats) is not walk
