@@ -26,9 +26,9 @@ the steady state is measured, after start-up, so the bytecode mode (printed) doe
   TUI did, from ready-made text (the least a Textual dashboard of this data costs); `rich`,
   a Rich Live table of the same rows, fed through the same Store, redrawn whole each frame;
   and, under the same load as the keys: `textual_keys`, the key latency of that bare app
-  (j/k move its cursor line), and `sched`, a plain loop that needs as much CPU as the TUI
-  took while streaming, in as many chunks a second as the TUI takes samples, and how late
-  its chunks start: what the scheduler alone does to a process of that appetite.
+  (j/k move its cursor line), and `sched`, a plain asyncio loop with no UI whose --boxes
+  tasks wake at --rate and together spend as much CPU as the TUI took while streaming, and
+  how late they wake: what the scheduler alone does to a process of that appetite.
 
 Headless Textual builds each frame's strips but skips turning them into terminal bytes (the
 headless check in `App._display`), so the Textual children do that encoding themselves,
@@ -450,26 +450,33 @@ async def _textual(args: argparse.Namespace) -> dict[str, Any]:
     return result
 
 
-def _sched(args: argparse.Namespace) -> dict[str, Any]:
-    """No UI, no Python asyncio: a loop that needs --demand % of one core, in as many
-    chunks a second as the TUI takes samples (boxes x rate), and how late each chunk starts
-    after its time. Under the same load as the keys child: what the machine's scheduler
-    alone does to any process of the TUI's appetite."""
-    hz = args.boxes * args.rate
-    work = args.demand / 100 / hz
+async def _sched(args: argparse.Namespace) -> dict[str, Any]:
+    """No UI, nothing but the TUI's appetite on a plain asyncio loop: --boxes tasks, each
+    waking at --rate and spending its share of --demand % of one core (the CPU the TUI took
+    while streaming), and how late each wakes after its timer. Under the same load as the
+    keys child: what the scheduler alone does to a process of that appetite."""
+    chunk = args.demand / 100 / (args.boxes * args.rate)  # CPU seconds per wake-up
+    period = 1 / args.rate
     late: list[float] = []
+
+    async def box() -> None:
+        while True:
+            due = time.perf_counter() + period
+            await asyncio.sleep(period)
+            late.append(max(0.0, time.perf_counter() - due))
+            began = time.process_time()
+            while time.process_time() - began < chunk:
+                pass
+
+    tasks = [asyncio.create_task(box()) for _ in range(args.boxes)]
+    await asyncio.sleep(args.settle)
+    late.clear()
     cpu = _Cpu()
-    start = next_at = time.perf_counter()
-    while next_at - start < args.seconds:
-        next_at += 1 / hz
-        began = time.process_time()
-        while time.process_time() - began < work:
-            pass
-        wait = next_at - time.perf_counter()
-        if wait > 0:
-            time.sleep(wait)
-        late.append(max(0.0, time.perf_counter() - next_at))
-    return {"cpu_pct_of_one_core": cpu.pct(), "demand_pct": args.demand, "late_s": late}
+    await asyncio.sleep(args.seconds)
+    pct = cpu.pct()
+    for task in tasks:
+        task.cancel()
+    return {"cpu_pct_of_one_core": pct, "demand_pct": args.demand, "late_s": late}
 
 
 class _Sink:
@@ -630,10 +637,8 @@ def main() -> None:
     args = parser.parse_args()
 
     if args.child:
-        if args.child == "sched":
-            result = _sched(args)
-        elif args.child in ("intake", "textual", "textual_keys", "rich"):
-            runner = {"intake": _intake, "rich": _rich}.get(args.child, _textual)
+        if args.child in ("intake", "textual", "textual_keys", "sched", "rich"):
+            runner = {"intake": _intake, "sched": _sched, "rich": _rich}.get(args.child, _textual)
             result = asyncio.run(runner(args))
         else:
             result = asyncio.run(_tui(args))
