@@ -40,7 +40,7 @@ if not __package__:
     # benchmarks.* and tests.* imports (neither is an installed package).
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-from benchmarks.harness import emit, machine, met, sandbox, summary
+from benchmarks.harness import Sandbox, emit, machine, met, sandbox, summary
 from tests import nvml_sim  # the simulator lives with the tests
 
 
@@ -52,20 +52,20 @@ def _cpu_seconds(pid: int) -> float:
 
 
 @contextlib.contextmanager
-def _processes(count: int, env: dict[str, str], box: str) -> Iterator[list[int]]:
-    """`count` idle processes in the box: its sessions' marker in their environment."""
-    marked = {**env, "DEVBOX_BOX": box}
-    procs = [
-        subprocess.Popen(["sleep", "3600"], env=marked, start_new_session=True)
-        for _ in range(count)
-    ]
+def _processes(count: int, sb: Sandbox, box: str) -> Iterator[list[int]]:
+    """`count` idle processes in the box, started in it as a user's would be (through its
+    SSH server, detached: the box's keeper adopts them), so they are the box's however the
+    agent tells (its keeper's descendants; the marker in their environment)."""
+    script = (
+        f"for i in $(seq {count}); do setsid sleep 3600 </dev/null >/dev/null 2>&1 & echo $!; done"
+    )
+    pids = [int(p) for p in sb.devbox("ssh", box, "--", script).stdout.split()]
     try:
-        yield [p.pid for p in procs]
+        yield pids
     finally:
-        for p in procs:
-            p.kill()
-        for p in procs:
-            p.wait()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def _gpus(path: Path, count: int, pids: list[int]) -> None:
@@ -106,7 +106,7 @@ async def _subscribe(
     record = backend.get(str(box["name"]))
     conn = await client.connect(record, backend.open_socket(record))
     ages: list[float] = []
-    received = 0
+    received = seen = 0
     try:
         stream = telemetry.frames(conn, record.name, rate=rate, history=False)
         # Settle: the first frames include the sampler speeding up.
@@ -118,6 +118,7 @@ async def _subscribe(
         async for frame in stream:
             ages.append(time.time() - float(frame.body["t"]))
             received += 1
+            seen = len(frame.body["processes"])
             if time.monotonic() - t0 >= seconds:
                 break
         cpu = _cpu_seconds(agent_pid) - cpu0
@@ -130,6 +131,7 @@ async def _subscribe(
     return {
         "rate_hz": rate,
         "frames": received,
+        "processes_in_last_sample": seen,
         "agent_cpu_pct_of_one_core": round(100 * cpu / wall, 3),
         "latency_ms": {k: round(v * 1000, 3) if k != "n" else v for k, v in summary(ages).items()},
     }
@@ -304,7 +306,7 @@ def main() -> None:
             sb.devbox("up", "bench", "--gpus", str(args.gpus), "--no-attach", "--json").stdout
         )
         agent_pid = int(box["extra"]["pid"])
-        with _processes(args.procs, sb.env, "bench") as pids:
+        with _processes(args.procs, sb, "bench") as pids:
             _gpus(gpu_file, args.gpus, pids)
             time.sleep(2.0)  # the agent discovers the new processes once
             runs = {}

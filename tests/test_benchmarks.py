@@ -81,6 +81,7 @@ def test_telemetry_benchmark() -> None:
         assert run["frames"] >= 1 and run["agent_cpu_pct_of_one_core"] >= 0
         assert run["peers"]["floor"]["cpu_pct_of_one_core"] > 0
         assert run["latency_ms"]["n"] == run["frames"]
+        assert run["processes_in_last_sample"] >= 10  # the ones started in the box, and it
     assert set(result["met"]) == {"agent_cpu_pct_at_1hz", "agent_over_floor_at_1hz"}
     assert result["met"]["agent_cpu_pct_at_1hz"]["target"] == 1.0
 
