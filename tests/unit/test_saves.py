@@ -5,6 +5,8 @@ pod's deletion that gives its processes their limit."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 from devbox import saves
@@ -97,3 +99,13 @@ def test_save_timeout_is_validated_in_one_line(tmp_path: Path) -> None:
         with pytest.raises(UsageError) as caught:
             config.load(path)
         assert caught.value.message == f"config file {path}: {message}", value
+
+
+def test_the_keeper_runs_isolated_as_an_import_of_its_module() -> None:
+    """What the launcher runs (keeper.RUN under -I -S: no site-packages, no devbox package
+    on the path) reaches the keeper's main: without its arguments it says how to run it."""
+    out = subprocess.run(
+        [sys.executable, "-I", "-S", "-c", keeper.RUN], capture_output=True, timeout=30
+    )
+    assert out.returncode == 2
+    assert b"usage: keeper.py LOCK_FILE READY_FD AGENT_ARGV..." in out.stderr

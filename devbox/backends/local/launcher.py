@@ -106,12 +106,14 @@ def start_agent(
     try:
         with _interrupts_held(), os.fdopen(private.open_append(log_file), "ab") as log:
             proc = subprocess.Popen(
-                # The keeper lives as long as the box: the standard library only (-I -S).
+                # The keeper lives as long as the box: the standard library only (-I -S),
+                # from its bytecode (keeper.RUN).
                 [
                     sys.executable,
                     "-I",
                     "-S",
-                    keeper.__file__,
+                    "-c",
+                    keeper.RUN,
                     str(folder / store.KEEPER_LOCK),
                     str(write_fd),
                     *argv,
