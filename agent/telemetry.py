@@ -234,19 +234,23 @@ class Telemetry:
         }
         if self._activity is not None:
             sample["activity"] = self._activity()
+        if self.slow and not self._subs:
+            # Nobody to send it to, and a later subscriber gets a fresh one, not this.
+            return sample, b""
         return sample, protocol.encode(protocol.SAMPLE, **sample)
 
     def _publish(self, sample: Sample, line: bytes) -> None:
         now = time.monotonic()
-        self._latest_line, self._latest_at = line, now
         if self._on_sample is not None:
             self._on_sample(sample)
         if now - self._history_t >= 0.95 / self._base_rate:
             self._history_t = now
             self.history.add(now, _compact(sample))
-        slack = 0.5 / self._rate
-        for sub in self._subs:
-            sub.offer(line, now, slack)
+        if line:  # not a quiet tick nobody watched (a subscriber since: a fresh one comes)
+            self._latest_line, self._latest_at = line, now
+            slack = 0.5 / self._rate
+            for sub in self._subs:
+                sub.offer(line, now, slack)
         slow = not self._subs and self._quiet is not None and self._quiet()
         if slow != self.slow:
             self.slow = slow
