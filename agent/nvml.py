@@ -114,8 +114,12 @@ class GpuReader:
         """GPU index -> its /dev/nvidiaN number; None where NVML does not say."""
         return dict(self._minors)
 
-    def read(self) -> list[GpuSample]:
-        return [self._sample(d) for d in self._devices]
+    def read(self, *, brief: bool = False) -> list[GpuSample]:
+        """brief: what a quiet box's slow tick needs (utilisation, memory, power and its
+        limit, temperature: the hang rule, the activity record, the charts' history); the
+        clock, PCIe, ECC and the processes on the GPU (three calls of the thirteen, one of
+        them NVML's slowest) read as missing."""
+        return [self._sample(d, brief) for d in self._devices]
 
     def close(self) -> None:
         if self._nvml is not None:
@@ -140,8 +144,8 @@ class GpuReader:
         except self._errors:
             return None
 
-    def _sample(self, d: _Device) -> GpuSample:
-        n, h, get = self._nvml, d.handle, self._try
+    def _sample(self, d: _Device, brief: bool) -> GpuSample:
+        n, h, get, full = self._nvml, d.handle, self._try, not brief
         try:
             rates = get(n.nvmlDeviceGetUtilizationRates, h)
             memory = get(n.nvmlDeviceGetMemoryInfo, h)
@@ -160,22 +164,38 @@ class GpuReader:
                 "power_w": None if power is None else power / 1000,
                 "power_limit_w": None if limit is None else limit / 1000,
                 "temp_c": None if temp is None else float(temp),
-                "sm_clock_mhz": get(n.nvmlDeviceGetClockInfo, h, n.NVML_CLOCK_SM),
-                "pcie_tx_kbs": get(n.nvmlDeviceGetPcieThroughput, h, n.NVML_PCIE_UTIL_TX_BYTES),
-                "pcie_rx_kbs": get(n.nvmlDeviceGetPcieThroughput, h, n.NVML_PCIE_UTIL_RX_BYTES),
-                "ecc_corrected": get(
-                    n.nvmlDeviceGetTotalEccErrors,
-                    h,
-                    n.NVML_MEMORY_ERROR_TYPE_CORRECTED,
-                    n.NVML_VOLATILE_ECC,
+                "sm_clock_mhz": get(n.nvmlDeviceGetClockInfo, h, n.NVML_CLOCK_SM) if full else None,
+                "pcie_tx_kbs": (
+                    get(n.nvmlDeviceGetPcieThroughput, h, n.NVML_PCIE_UTIL_TX_BYTES)
+                    if full
+                    else None
                 ),
-                "ecc_uncorrected": get(
-                    n.nvmlDeviceGetTotalEccErrors,
-                    h,
-                    n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
-                    n.NVML_VOLATILE_ECC,
+                "pcie_rx_kbs": (
+                    get(n.nvmlDeviceGetPcieThroughput, h, n.NVML_PCIE_UTIL_RX_BYTES)
+                    if full
+                    else None
                 ),
-                "processes": self._processes(d),
+                "ecc_corrected": (
+                    get(
+                        n.nvmlDeviceGetTotalEccErrors,
+                        h,
+                        n.NVML_MEMORY_ERROR_TYPE_CORRECTED,
+                        n.NVML_VOLATILE_ECC,
+                    )
+                    if full
+                    else None
+                ),
+                "ecc_uncorrected": (
+                    get(
+                        n.nvmlDeviceGetTotalEccErrors,
+                        h,
+                        n.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                        n.NVML_VOLATILE_ECC,
+                    )
+                    if full
+                    else None
+                ),
+                "processes": self._processes(d) if full else [],
             }
         except self._lost_error:
             return _lost(d.info)

@@ -27,8 +27,9 @@ class BoxSources:
             root_pid=root_pid, box_marker=box_marker, all_processes=all_processes, tree=tree
         )
 
-    def read(self) -> tuple[list[GpuSample], HostSample, list[BoxProcess]]:
-        gpus = self._gpus.read()
+    def read(self, *, brief: bool = False) -> tuple[list[GpuSample], HostSample, list[BoxProcess]]:
+        """brief: a quiet box's slow tick (agent.nvml's GpuReader.read)."""
+        gpus = self._gpus.read(brief=brief)
         host, processes = self._host.read()
         if any(g["processes"] for g in gpus):
             map_gpu_pids(

@@ -55,9 +55,12 @@ class HostSource(Protocol):
 
 
 class Sources(Protocol):
-    """What one tick reads; opened in the sampler thread (imports and NVML init are slow)."""
+    """What one tick reads; opened in the sampler thread (imports and NVML init are slow).
+    brief: a quiet tick nobody watches, which may leave out what only a watcher reads."""
 
-    def read(self) -> tuple[list[GpuSample], HostSample, list[BoxProcess]]: ...
+    def read(
+        self, *, brief: bool = False
+    ) -> tuple[list[GpuSample], HostSample, list[BoxProcess]]: ...
 
 
 class Subscription:
@@ -223,7 +226,8 @@ class Telemetry:
             ended.set_result(None)
 
     def _take(self, sources: Sources) -> tuple[Sample, bytes]:
-        gpus, host, processes = sources.read()
+        unwatched = self.slow and not self._subs
+        gpus, host, processes = sources.read(brief=unwatched)
         self._seq += 1
         sample: Sample = {
             "t": time.time(),
@@ -234,7 +238,7 @@ class Telemetry:
         }
         if self._activity is not None:
             sample["activity"] = self._activity()
-        if self.slow and not self._subs:
+        if unwatched:
             # Nobody to send it to, and a later subscriber gets a fresh one, not this.
             return sample, b""
         return sample, protocol.encode(protocol.SAMPLE, **sample)

@@ -150,6 +150,32 @@ def test_eight_gpus_every_field(gpu_file: Path, open_reader: Callable[..., GpuRe
     assert reader.read() == [expected(i, g) for i, g in enumerate(gpus)]
 
 
+def test_a_brief_read_has_what_a_quiet_tick_needs(
+    gpu_file: Path, open_reader: Callable[..., GpuReader]
+) -> None:
+    """A quiet box's slow tick: utilisation, memory, power and its limit, temperature (the
+    hang rule, the activity record, the charts); not the clock, PCIe, ECC or processes.
+    A full read after it has them all, the processes' utilisation included."""
+    gpus = [sim_gpu(0), sim_gpu(1)]
+    nvml_sim.write(gpu_file, gpus, [SimProcess(gpu=0, pid=7, mem=GIB, sm=5, memutil=6, ts=10)])
+    reader = open_reader()
+    brief = reader.read(brief=True)
+    for i, g in enumerate(gpus):
+        whole = expected(i, g)
+        left_out = (
+            "sm_clock_mhz",
+            "pcie_tx_kbs",
+            "pcie_rx_kbs",
+            "ecc_corrected",
+            "ecc_uncorrected",
+        )
+        assert brief[i] == {**whole, **dict.fromkeys(left_out), "processes": []}
+    assert reader.read() == [
+        expected(0, gpus[0], [process(7, "compute", GIB, 5.0, 6.0)]),
+        expected(1, gpus[1]),
+    ]
+
+
 @pytest.mark.parametrize(
     ("call", "fields"),
     [

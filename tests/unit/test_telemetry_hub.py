@@ -42,9 +42,11 @@ class CountingSources:
 
     def __init__(self) -> None:
         self.reads = 0
+        self.brief: list[bool] = []  # per read: whether it was a quiet tick's brief one
 
-    def read(self) -> tuple[list[GpuSample], HostSample, list[BoxProcess]]:
+    def read(self, *, brief: bool = False) -> tuple[list[GpuSample], HostSample, list[BoxProcess]]:
         self.reads += 1
+        self.brief.append(brief)
         return [], HOST, [PROC]
 
 

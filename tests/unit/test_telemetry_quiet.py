@@ -23,7 +23,7 @@ async def _until(check: Any, what: str, timeout: float = 10.0) -> None:
         await asyncio.sleep(0.01)
 
 
-async def _quiet_then_watched() -> tuple[int, int, list[protocol.Frame], float]:
+async def _quiet_then_watched() -> tuple[int, int, list[protocol.Frame], float, list[bool]]:
     sources = CountingSources()
     # 20 Hz when not quiet; quiet ticks an hour apart: once slow, no tick comes by itself.
     hub = Telemetry(
@@ -46,11 +46,11 @@ async def _quiet_then_watched() -> tuple[int, int, list[protocol.Frame], float]:
     pipe.incoming.put_nowait(b"")
     await serving
     runner.cancel()
-    return slowed, unwatched, pipe.frames(), took
+    return slowed, unwatched, pipe.frames(), took, sources.brief
 
 
 def test_an_unwatched_quiet_box_is_sampled_slowly_until_someone_subscribes() -> None:
-    slowed, unwatched, frames, took = asyncio.run(_quiet_then_watched())
+    slowed, unwatched, frames, took, brief = asyncio.run(_quiet_then_watched())
     # A tick or two at the full rate before the first verdict comes back, then none.
     assert slowed <= 3 and unwatched == 0
     samples = [f.body for f in frames if f.type == protocol.SAMPLE]
@@ -58,6 +58,8 @@ def test_an_unwatched_quiet_box_is_sampled_slowly_until_someone_subscribes() -> 
     # fresh ones at its rate, numbered after the last quiet one.
     assert samples[0]["seq"] > slowed and took < 5.0
     assert [s["seq"] for s in samples] == sorted({s["seq"] for s in samples})
+    # Ticks at the full rate read everything; those a watcher gets too.
+    assert not any(brief[: slowed - 1]) and not any(brief[slowed:])
 
 
 async def _hurried() -> tuple[int, int]:
@@ -81,6 +83,35 @@ async def _hurried() -> tuple[int, int]:
 def test_use_brings_a_tick_at_once() -> None:
     before, after = asyncio.run(_hurried())
     assert after > before
+
+
+async def _brief_ticks() -> list[bool]:
+    sources = CountingSources()
+    hub = Telemetry(
+        box="b",
+        open_sources=lambda: sources,
+        base_rate=20.0,
+        quiet=lambda: True,
+        quiet_interval=0.05,  # quiet ticks as often as full ones: only what they read differs
+    )
+    runner = asyncio.create_task(hub.run())
+    await _until(lambda: sources.brief.count(True) >= 3, "three quiet ticks")
+    pipe = Pipe(subscribe(20.0))
+    serving = asyncio.create_task(hub.serve(read=pipe.read, write=pipe.write, drain=pipe.drain))
+    await _until(lambda: sum(f.type == protocol.SAMPLE for f in pipe.frames()) >= 3, "samples")
+    watched = list(sources.brief)  # while the subscriber is there
+    pipe.incoming.put_nowait(b"")
+    await serving
+    runner.cancel()
+    return watched
+
+
+def test_quiet_ticks_nobody_watches_read_briefly() -> None:
+    brief = asyncio.run(_brief_ticks())
+    assert brief[0] is False  # the first tick, before any verdict
+    first_brief = brief.index(True)
+    assert all(brief[first_brief : first_brief + 3])
+    assert brief[-1] is False  # a watcher's samples are whole
 
 
 async def _never_quiet() -> int:
