@@ -346,3 +346,17 @@ async def test_a_cluster_that_does_not_answer_is_said_beside_the_others_boxes() 
         assert str(boxes_screen(app).sub_title).startswith("2 boxes; ")
         feed.problem_list = []  # it answers again: the title says so at the next look
         await until(lambda: boxes_screen(app).sub_title == "2 boxes")
+
+
+async def test_more_boxes_than_lines_scroll_down_but_never_sideways() -> None:
+    """A table taller than the screen gets a vertical scrollbar; its lines are cut to the
+    width left beside it, so there is nothing to scroll sideways to (a horizontal bar used
+    to appear, and took a line)."""
+    app = app_for(SyntheticFeed(50, 1), rate=1)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await until(lambda: len(boxes_screen(app).shown) == 50)
+        await pilot.pause()
+        table = app.screen.query_one("#boxes", BoxTable)
+        assert table.show_vertical_scrollbar
+        assert not table.show_horizontal_scrollbar
+        assert table.virtual_size.width <= table.scrollable_content_region.width

@@ -99,7 +99,7 @@ class BoxTable(ScrollView, can_focus=True):
         if keep in self.rows:
             self.cursor = self.keys.index(keep)
         self.cursor = max(0, min(self.cursor, len(self.keys) - 1))
-        self.virtual_size = Size(self.size.width, len(self.keys))
+        self.virtual_size = Size(self._line_width(), len(self.keys))
         self.refresh()
         if self.cursor_key != keep:
             self.post_message(self.RowHighlighted(self.cursor_key))
@@ -147,7 +147,7 @@ class BoxTable(ScrollView, can_focus=True):
 
     def render_line(self, y: int) -> Strip:
         index = y + self.scroll_offset.y
-        width = self.size.width
+        width = self._line_width()
         if index >= len(self.keys):
             return Strip.blank(width, self.rich_style)
         key = self.keys[index]
@@ -181,7 +181,12 @@ class BoxTable(ScrollView, can_focus=True):
         super().notify_style_update()
 
     def on_resize(self, event: events.Resize) -> None:
-        self.virtual_size = Size(event.size.width, len(self.keys))
+        self.virtual_size = Size(self._line_width(), len(self.keys))
+
+    def _line_width(self) -> int:
+        """What a line has beside the vertical scrollbar, when there is one: a line as wide
+        as the widget made a horizontal scrollbar to reach the part under it."""
+        return self.scrollable_content_region.width or self.size.width
 
     # --- the cursor ---------------------------------------------------------------
 
