@@ -83,7 +83,10 @@ def run(ssh: str, box: Box, command: str | None, *, tty: bool) -> int:
     except BaseException:  # ctrl-c (ssh got it too) or worse: never leave ssh behind
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
+        # ssh, which got the same ctrl-c, may have ended and been reaped by the waitpid
+        # above just before Python raised KeyboardInterrupt: then there is none to wait for.
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
         raise
     return os.waitstatus_to_exitcode(status)
 
