@@ -34,11 +34,17 @@ def become_init_if_pid1() -> None:
     """Returns at once in the agent proper; as PID 1 never returns (it exits)."""
     if os.getpid() != 1:
         return
+    # Held back across the fork: the kernel drops a signal PID 1 has no handler for, and
+    # one sent between the fork and the handlers below (the agent already running, on a
+    # loaded machine) was lost. Held signals are delivered once they are let through.
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, FORWARDED)
     child = os.fork()
     if child == 0:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
         return
     for signum in FORWARDED:
         signal.signal(signum, lambda signum, _frame: _forward(child, signum))
+    signal.pthread_sigmask(signal.SIG_SETMASK, held)
     sys.exit(_reap_until(child))
 
 
