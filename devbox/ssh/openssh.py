@@ -77,7 +77,9 @@ def argv(ssh: str, box: Box, command: str | None, *, tty: bool) -> list[str]:
 def run(ssh: str, box: Box, command: str | None, *, tty: bool) -> int:
     """ssh on this terminal, its exit status. posix_spawn, not subprocess: importing that
     module is 5% of a `devbox ssh` (benchmarks/bench_startup.py)."""
-    pid = os.posix_spawn(ssh, argv(ssh, box, command, tty=tty), os.environ)
+    # As subprocess does: Python ignores SIGPIPE and SIGXFSZ; ssh gets their defaults.
+    defaults = (signal.SIGPIPE, signal.SIGXFSZ)
+    pid = os.posix_spawn(ssh, argv(ssh, box, command, tty=tty), os.environ, setsigdef=defaults)
     try:
         _, status = os.waitpid(pid, 0)
     except BaseException:  # ctrl-c (ssh got it too) or worse: never leave ssh behind
