@@ -63,8 +63,8 @@ from benchmarks.harness import (
     met,
     sandbox,
     ssh_base,
-    sshd,
 )
+from benchmarks.sshpeer import sshd_peer
 from devbox.backends.local.keeper import descendants
 from devbox.boxes import session_name
 from tests import nvml_sim  # the simulator lives with the tests
@@ -226,19 +226,6 @@ def _box(sb: Sandbox, name: str, gpus: int) -> ProcessSet:
     return ProcessSet(name, [keeper, int(record["extra"]["pid"]), screen])
 
 
-def _sshd_pid(config: Path) -> int:
-    """The listening sshd: its title (sshd rewrites its argv) names the config file."""
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                cmdline = Path(entry.path, "cmdline").read_bytes()
-            except OSError:
-                continue
-            if str(config).encode() in cmdline and int(entry.name) != os.getpid():
-                return int(entry.name)
-    raise SystemExit("the peer's sshd is not running")
-
-
 def _settled(sb: Sandbox, box: ProcessSet, listener: int, screen: int) -> bool:
     """The box has no client and no process but the idle ones (the keeper's descendants are
     the agent, screen's server and its shell), sshd's connection processes are gone, and
@@ -330,11 +317,13 @@ def main() -> None:
         sb.devbox("up", "warmup", "--no-attach")  # first use makes the user's key
         sb.devbox("down", "warmup", "--purge", "--yes")
         box = _box(sb, BOX, args.gpus)
-        with sshd(sb.root, sb.key.with_name("id_ed25519.pub")) as peer:
+        # The peer's sessions run as a throwaway user with an empty home (sshpeer): its
+        # shell reads no ~/.bashrc, as the box's shell in its sandbox home reads none.
+        with sshd_peer(sb.key.with_name("id_ed25519.pub")) as peer:
             peer_session = f"peer-{sb.root.name}"
-            _start_session(ssh_base(sb.key, peer.known_hosts, peer.port), peer_session, sb.env)
+            _start_session(peer.base(sb.key), peer_session, sb.env)
             screen = _screen_server(peer_session)
-            listener = _sshd_pid(sb.root / "sshd/config")
+            listener = peer.pid
             _wait_idle(lambda: _settled(sb, box, listener, screen), args.settle)
             keeper, agent, box_screen = box.pids
             sets = [

@@ -1,5 +1,6 @@
-"""Shared set-up for benchmarks: a throwaway devbox user with a local box, and OpenSSH's sshd
-on loopback as the peer. Everything runs on 127.0.0.1 and is torn down at exit."""
+"""Shared set-up for benchmarks: a throwaway devbox user with a local box, the OpenSSH client
+aimed at it, and the conventions every figure follows (OpenSSH's sshd as the peer lives in
+sshpeer.py). Everything runs on 127.0.0.1 and is torn down at exit."""
 
 from __future__ import annotations
 
@@ -84,50 +85,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-@dataclass
-class Sshd:
-    port: int
-    known_hosts: Path
-
-
-@contextlib.contextmanager
-def sshd(root: Path, authorized_key: Path) -> Iterator[Sshd]:
-    """OpenSSH's server on loopback, accepting `authorized_key`, as the peer to beat."""
-    binary = shutil.which("sshd") or "/usr/sbin/sshd"
-    if not os.path.exists(binary):
-        raise SystemExit("benchmark needs OpenSSH's sshd: apt-get install openssh-server")
-    d = root / "sshd"
-    d.mkdir()
-    subprocess.run(
-        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / "host")], check=True
-    )
-    shutil.copy(authorized_key, d / "authorized_keys")
-    port = free_port()
-    (d / "config").write_text(
-        f"Port {port}\nListenAddress 127.0.0.1\nHostKey {d / 'host'}\n"
-        f"AuthorizedKeysFile {d / 'authorized_keys'}\nPasswordAuthentication no\n"
-        "KbdInteractiveAuthentication no\nUsePAM no\nPermitRootLogin prohibit-password\n"
-        f"StrictModes no\nPidFile {d / 'pid'}\nSubsystem sftp internal-sftp\n"
-    )
-    os.makedirs("/run/sshd", exist_ok=True)  # privilege separation directory
-    with open(d / "log", "wb") as log:
-        proc = subprocess.Popen([binary, "-D", "-e", "-f", str(d / "config")], stderr=log)
-    known = d / "known_hosts"
-    known.write_text(f"[127.0.0.1]:{port} {(d / 'host.pub').read_text()}")
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port)):
-                break
-            if time.monotonic() > deadline:
-                raise SystemExit(f"sshd did not start: {(d / 'log').read_text()}")
-            time.sleep(0.05)
-        yield Sshd(port, known)
-    finally:
-        proc.terminate()
-        proc.wait()
 
 
 def ssh_base(key: Path, known_hosts: Path, port: int, alias: str | None = None) -> list[str]:
