@@ -23,6 +23,17 @@ from devbox.boxes import Box
 from devbox.ssh import keys, known_hosts
 from devbox.ssh.known_hosts import alias
 
+# The key exchanges devbox's own OpenSSH runs (and the `Host NAME.devbox` blocks) take: the
+# client's defaults less sntrup761x25519. OpenSSH 9.0-9.8 prefer it (macOS 14 and 15,
+# Debian 12, Ubuntu 22.04 and 24.04), and make its key pair in 30-70 ms a connection, a
+# `devbox ssh NAME -- true` 5x slower (benchmarks/bench_startup.py); `devbox run` opens
+# two. On these paths it protects nothing the transport around it leaves open: a local
+# box is on loopback, a pod's stream rides the API server's port-forward, whose TLS is
+# not post-quantum either. ML-KEM (OpenSSH >= 9.9's default, fast) stays first where
+# the client has it; the agent still offers sntrup761 to whoever asks for it. A removal
+# list ("-...") names algorithms a client may not know without an error.
+KEX_ALGORITHMS = "-sntrup761x25519-sha512@openssh.com,sntrup761x25519-sha512"
+
 
 def available() -> str | None:
     if os.environ.get("DEVBOX_SSH_CLIENT", "auto") == "builtin":
@@ -57,6 +68,8 @@ def argv(ssh: str, box: Box, command: str | None, *, tty: bool) -> list[str]:
         "StrictHostKeyChecking=yes",
         "-o",
         f"HostKeyAlias={alias(box.name)}",
+        "-o",
+        f"KexAlgorithms={KEX_ALGORITHMS}",
         "-o",
         "BatchMode=yes",
         "-o",

@@ -14,6 +14,7 @@ from pathlib import Path
 from devbox import paths
 from devbox.boxes import Box
 from devbox.ssh.known_hosts import alias
+from devbox.ssh.openssh import KEX_ALGORITHMS
 
 HEADER = "# Managed by devbox (`devbox ssh-config --write`); edits here are overwritten.\n"
 
@@ -53,6 +54,7 @@ def _block(box: Box, *, host_name: bool, proxy_args: ProxyArgs) -> str:
         f"  UserKnownHostsFile {_quote(str(paths.known_hosts_file()))}\n"
         "  StrictHostKeyChecking yes\n"
         f"  HostKeyAlias {alias(box.name)}\n"
+        f"  KexAlgorithms {KEX_ALGORITHMS}\n"
         "  ServerAliveInterval 30\n"
     )
 
