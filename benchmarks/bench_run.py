@@ -46,6 +46,7 @@ from benchmarks.harness import (
     uncompiled_source,
     wall,
 )
+from devbox.ssh.openssh import KEX_ALGORITHMS
 
 
 def first_line(argv: list[str], env: dict[str, str]) -> float:
@@ -77,7 +78,9 @@ def _first_lines(sb: Sandbox, env: dict[str, str], box: str, runs: int) -> dict[
     devbox = devbox_command()
     record = next(b for b in _boxes(sb, env) if b["name"] == box)
     known = sb.root / "home/.local/state/devbox/known_hosts"
-    openssh = ssh_base(sb.key, known, int(str(record["port"])), alias=f"{box}.devbox")
+    plain = ssh_base(sb.key, known, int(str(record["port"])), alias=f"{box}.devbox")
+    # Like for like: the key exchanges devbox's own ssh runs take.
+    openssh = [*plain[:-1], "-o", f"KexAlgorithms={KEX_ALGORITHMS}", plain[-1]]
     small = sb.root / f"small-{box}"
     make_tree(small, 20)
     wall([*devbox, "sync", box, str(small)], env)
