@@ -38,6 +38,7 @@ from benchmarks.harness import (
     summary,
 )
 from devbox import protocol
+from devbox.ssh.openssh import KEX_ALGORITHMS
 
 
 def cluster_bin() -> Path:
@@ -255,6 +256,7 @@ def raw_claim_spec(sb: Sandbox, kubeconfig: Path, namespace: str, *, profile: st
         "owner_label": protocol.owner_label(owner),
         "owner_key": (sb.key.with_suffix(".pub")).read_text().strip(),
         "ssh_key": str(sb.key),
+        "kex": KEX_ALGORITHMS,  # what devbox's own ssh runs take: like for like
         "known_hosts": str(folder / "known_hosts"),
         "timeline": str(folder / "switched"),  # NAME and when its port-forward opened
     }

@@ -102,6 +102,7 @@ def main() -> int:
             "-o", f"UserKnownHostsFile={spec['known_hosts']}", "-o",
             "GlobalKnownHostsFile=/dev/null", "-o", "StrictHostKeyChecking=yes", "-o",
             f"HostKeyAlias={name}.devbox", "-o", "BatchMode=yes", "-o", "LogLevel=QUIET",
+            "-o", f"KexAlgorithms={spec['kex']}",
             "-l", spec["owner"], "-p", str(port), "127.0.0.1",
         ]
     )  # fmt: skip
