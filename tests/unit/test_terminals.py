@@ -11,6 +11,7 @@ import signal
 import subprocess
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -28,6 +29,27 @@ def _read(master: int, want: bytes, timeout: float = 5.0) -> bytes:
     return got
 
 
+@contextmanager
+def _on_new_pty(argv: list[str]) -> Iterator[tuple[int, int]]:
+    """argv as the leader of a new session whose controlling terminal is a fresh PTY: (its
+    pid, the master). Spawned, not pty.fork(): by now the test process may run threads (JAX,
+    torch), and a fork of a threaded process can deadlock in the child before its exec."""
+    master, slave = pty.openpty()
+    path = os.ttyname(slave)
+    os.close(slave)
+    # The new session's leader, sh, opens the terminal (so it becomes its controlling one)
+    # and execs argv in place: the pid stays.
+    child = subprocess.Popen(
+        ["sh", "-c", 'exec "$@" <>"$0" >&0 2>&0', path, *argv], start_new_session=True
+    )
+    try:
+        yield child.pid, master
+    finally:
+        os.killpg(child.pid, signal.SIGKILL)  # the session's leader leads its group too
+        child.wait()
+        os.close(master)
+
+
 def _table_with(check: Callable[[terminals.Processes], bool], what: str) -> terminals.Processes:
     def look() -> terminals.Processes | None:
         table = terminals.Processes()
@@ -40,17 +62,12 @@ def _table_with(check: Callable[[terminals.Processes], bool], what: str) -> term
 @pytest.fixture
 def on_pty() -> Iterator[tuple[int, int]]:
     """A `sleep` on the slave side of a fresh PTY: (its pid, the master)."""
-    pid, master = pty.fork()
-    if pid == 0:
-        os.execvp("sleep", ["sleep", "60"])
-    _table_with(
-        lambda t: bool(terminals.box_terminals(t, {pid}, multiplexers=frozenset())),
-        "the child on its terminal",
-    )
-    yield pid, master
-    os.killpg(pid, signal.SIGKILL)  # pty.fork made it a session leader
-    os.waitpid(pid, 0)
-    os.close(master)
+    with _on_new_pty(["sleep", "60"]) as (pid, master):
+        _table_with(
+            lambda t: bool(terminals.box_terminals(t, {pid}, multiplexers=frozenset())),
+            "the child on its terminal",
+        )
+        yield pid, master
 
 
 def test_a_process_terminal_gets_the_line_once_and_control_characters_never(
@@ -72,19 +89,12 @@ def test_terminals_a_multiplexer_or_a_process_below_one_holds_are_skipped(
     """A stand-in multiplexer: a copy of sh, so its own terminal and its child's are in it."""
     mux = tmp_path / "fakemux"
     shutil.copy(shutil.which("sh") or "/bin/sh", mux)
-    pid, master = pty.fork()
-    if pid == 0:
-        os.execv(str(mux), [str(mux), "-c", "sleep 60; :"])  # sleep is its child
-    try:
+    with _on_new_pty([str(mux), "-c", "sleep 60; :"]) as (pid, _master):  # sleep: its child
         table = _table_with(lambda t: len(t.below([pid])) == 2, "the stand-in and its child")
         box = table.below([pid])
         programs = terminals.multiplexer_programs(str(mux))
         assert terminals.box_terminals(table, box, multiplexers=programs) == {}
         assert len(terminals.box_terminals(table, box, multiplexers=frozenset())) == 1
-    finally:
-        os.killpg(pid, signal.SIGKILL)  # pty.fork made it a session leader
-        os.waitpid(pid, 0)
-        os.close(master)
 
 
 def test_a_terminal_is_written_only_as_itself_and_its_owners(
