@@ -1,7 +1,8 @@
 """`devbox run` on an already claimed local box, against OpenSSH to the same box.
 
-Taken in turns (a round of every figure, repeated), in both bytecode modes (see
-bench_startup.py), with the load printed:
+Taken in turns (a round of every figure, repeated), in the start-up modes of
+bench_startup.py (harness.MODES: `installed` is what a `pip install .` user runs), with the
+load printed:
 
 - First line: from starting `devbox run --box B --sync TREE -- echo first` (a small git tree
   that has not changed since the last sync: the usual case) to the first line of its output
@@ -11,7 +12,8 @@ bench_startup.py), with the load printed:
   against plain rsync with the same filter over the same ssh command. DEVBOX_SYNC=sftp
   (the fallback when rsync is missing) is timed too.
 
-    python benchmarks/bench_run.py [--runs 10] [--files 5000] [--modes both|bytecode|no-bytecode]
+    python benchmarks/bench_run.py [--runs 10] [--files 5000]
+        [--modes all|both|bytecode|no-bytecode|installed]
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ if not __package__:
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from benchmarks.harness import (
+    MODE_CHOICES,
+    MODES,
     REPO,
     Sandbox,
     bytecode_env,
@@ -40,6 +44,7 @@ from benchmarks.harness import (
     interleaved,
     machine,
     met,
+    mode_setup,
     sandbox,
     ssh_base,
     summary,
@@ -74,8 +79,9 @@ def make_tree(root: Path, files: int) -> None:
     subprocess.run(["git", "-C", str(root), "init", "-q"], check=True)
 
 
-def _first_lines(sb: Sandbox, env: dict[str, str], box: str, runs: int) -> dict[str, object]:
-    devbox = devbox_command()
+def _first_lines(
+    sb: Sandbox, env: dict[str, str], box: str, runs: int, devbox: list[str]
+) -> dict[str, object]:
     record = next(b for b in _boxes(sb, env) if b["name"] == box)
     known = sb.root / "home/.local/state/devbox/known_hosts"
     plain = ssh_base(sb.key, known, int(str(record["port"])), alias=f"{box}.devbox")
@@ -159,19 +165,21 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=10)
     parser.add_argument("--files", type=int, default=5000)
-    parser.add_argument("--modes", choices=("both", "bytecode", "no-bytecode"), default="both")
+    parser.add_argument("--modes", choices=tuple(MODE_CHOICES), default="all")
     args = parser.parse_args()
-    modes = {"both": (False, True), "bytecode": (True,), "no-bytecode": (False,)}[args.modes]
     before = machine()
     results: dict[str, object] = {}
     with sandbox() as sb, uncompiled_source() as copy:
-        for write in modes:
-            env = dict(bytecode_env(sb.env, write=write), PYTHONPATH=str(REPO if write else copy))
-            box = "bc" if write else "nobc"
-            wall([*devbox_command(), "up", box, "--no-attach"], env)
-            results["bytecode" if write else "no_bytecode"] = _first_lines(sb, env, box, args.runs)
-        resync = _resync(sb, bytecode_env(sb.env, write=True), "bc" if True in modes else "nobc",
-                         args.runs, args.files)  # fmt: skip
+        for mode in MODE_CHOICES[args.modes]:
+            write, source, devbox = mode_setup(mode, sb, REPO, copy)
+            env = dict(bytecode_env(sb.env, write=write), PYTHONPATH=str(source))
+            box = mode.replace("_", "")
+            wall([*devbox, "up", box, "--no-attach"], env)
+            results[mode] = {
+                "devbox_source": MODES[mode],
+                **_first_lines(sb, env, box, args.runs, devbox),
+            }
+        resync = _resync(sb, bytecode_env(sb.env, write=True), box, args.runs, args.files)
     emit(
         {
             "benchmark": "run",

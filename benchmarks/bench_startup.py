@@ -1,8 +1,9 @@
 """Claim latency on the local backend and the CLI's start-up, each beside its peer.
 
-Taken in turns (a round of every figure, repeated), in both bytecode modes (Python allowed to
-write bytecode, as a `pip install .` user has it, and PYTHONDONTWRITEBYTECODE=1, which with
-an editable install means devbox's modules are compiled by every command):
+Taken in turns (a round of every figure, repeated), in three modes (harness.MODES): this
+checkout's editable install with Python allowed to write bytecode; an uncompiled copy under
+PYTHONDONTWRITEBYTECODE=1 (compiled by every command); and `installed`, as `pip install .`
+leaves it (harness.installed_devbox: no editable hook, bytecode cached), what a user runs:
 
 - `devbox up NAME --no-attach` then `devbox ssh NAME -- true` (target: median <= 0.3 s);
 - `devbox ssh NAME -- true` on a running box against OpenSSH's own `ssh` straight to the
@@ -13,7 +14,7 @@ an editable install means devbox's modules are compiled by every command):
   more); devbox's own share (devbox ssh minus OpenSSH's) is printed beside the floor's;
 - `devbox --help` against a bare `python -c pass`.
 
-    python benchmarks/bench_startup.py [--runs 15] [--modes both|bytecode|no-bytecode]
+    python benchmarks/bench_startup.py [--runs 15] [--modes all|both|bytecode|no-bytecode|installed]
 """
 
 from __future__ import annotations
@@ -31,14 +32,16 @@ if not __package__:
     sys.path[0] = str(Path(__file__).resolve().parents[1])
 
 from benchmarks.harness import (
+    MODE_CHOICES,
+    MODES,
     REPO,
     Sandbox,
     bytecode_env,
-    devbox_command,
     emit,
     interleaved,
     machine,
     met,
+    mode_setup,
     sandbox,
     ssh_base,
     summary,
@@ -64,9 +67,12 @@ sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
 """
 
 
-def _mode(sb: Sandbox, runs: int, *, write: bool, source: Path) -> dict[str, object]:
+def _mode(
+    sb: Sandbox, runs: int, *, write: bool, source: Path, devbox: list[str]
+) -> dict[str, object]:
     env = dict(bytecode_env(sb.env, write=write), PYTHONPATH=str(source))
-    devbox = devbox_command()
+    # The Python that runs devbox (and, through the launcher, the agent and its helpers).
+    python = str(Path(devbox[0]).with_name("python")) if len(devbox) == 1 else devbox[0]
     counter = iter(range(10**6))
     # First use makes the user's key (and, allowed to, writes devbox's bytecode).
     wall([*devbox, "up", "warmup", "--no-attach"], env)
@@ -78,7 +84,7 @@ def _mode(sb: Sandbox, runs: int, *, write: bool, source: Path) -> dict[str, obj
     plain = ssh_base(sb.key, known, int(box["port"]), alias="steady.devbox")
     # Like for like: the key exchanges devbox's own ssh runs take.
     openssh = [*plain[:-1], "-o", f"KexAlgorithms={KEX_ALGORITHMS}", plain[-1]]
-    floor = [sys.executable, "-c", FLOOR, "steady", KEX_ALGORITHMS, "true"]
+    floor = [python, "-c", FLOOR, "steady", KEX_ALGORITHMS, "true"]
 
     def up_then_ssh() -> float:
         name = f"b{next(counter)}"
@@ -98,7 +104,7 @@ def _mode(sb: Sandbox, runs: int, *, write: bool, source: Path) -> dict[str, obj
             "openssh_ssh_true_default_kex": lambda: wall([*plain, "true"], env),
             "python_floor_ssh_true": lambda: wall(floor, env),
             "devbox_help": lambda: wall([*devbox, "--help"], env),
-            "python_pass": lambda: wall([sys.executable, "-c", "pass"], env),
+            "python_pass": lambda: wall([python, "-c", "pass"], env),
         },
     )
     wall([*devbox, "down", "steady", "--purge", "--yes", "--now"], env)
@@ -106,9 +112,6 @@ def _mode(sb: Sandbox, runs: int, *, write: bool, source: Path) -> dict[str, obj
     ssh_ratio = s["devbox_ssh_true"]["median"] / s["openssh_ssh_true"]["median"]
     peer = s["openssh_ssh_true"]["median"]
     return {
-        "devbox_source": "the working tree, its bytecode written"
-        if write
-        else ("an uncompiled copy, PYTHONDONTWRITEBYTECODE=1: compiled by every process"),
         "seconds": s,
         "devbox_ssh_over_openssh": round(ssh_ratio, 3),
         "python_floor_over_openssh": round(
@@ -129,7 +132,7 @@ def _mode(sb: Sandbox, runs: int, *, write: bool, source: Path) -> dict[str, obj
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=15)
-    parser.add_argument("--modes", choices=("both", "bytecode", "no-bytecode"), default="both")
+    parser.add_argument("--modes", choices=tuple(MODE_CHOICES), default="all")
     parser.add_argument(
         "--source",
         type=Path,
@@ -140,15 +143,15 @@ def main() -> None:
     args = parser.parse_args()
     if shutil.which("ssh") is None:
         raise SystemExit("benchmark needs OpenSSH's client: apt-get install openssh-client")
-    modes = {"both": (False, True), "bytecode": (True,), "no-bytecode": (False,)}[args.modes]
     before = machine()
     results = {}
     with sandbox() as sb, uncompiled_source() as copy:
-        for write in modes:
-            source = args.source.resolve() if write else copy
-            results["bytecode" if write else "no_bytecode"] = _mode(
-                sb, args.runs, write=write, source=source
-            )
+        for mode in MODE_CHOICES[args.modes]:
+            write, source, devbox = mode_setup(mode, sb, args.source.resolve(), copy)
+            results[mode] = {
+                "devbox_source": MODES[mode],
+                **_mode(sb, args.runs, write=write, source=source, devbox=devbox),
+            }
     emit(
         {
             "benchmark": "startup",

@@ -32,6 +32,26 @@ def devbox_command() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "devbox"]
 
 
+def installed_devbox(root: Path) -> list[str]:
+    """A `devbox` console script as `pip install .` writes one, in a venv of its own whose
+    only .pth puts this venv's site-packages (the dependencies) on the path: no editable
+    hook (setuptools' finder, 10-25 ms of every start here), devbox from PYTHONPATH."""
+    venv = root / "installed"
+    base = (
+        Path(sys.base_prefix) / "bin" / f"python{sys.version_info.major}.{sys.version_info.minor}"
+    )
+    subprocess.run([str(base), "-m", "venv", "--without-pip", str(venv)], check=True)
+    packages = next(p for p in map(Path, sys.path) if p.name == "site-packages")
+    lib = next((venv / "lib").glob("python3*")) / "site-packages"
+    (lib / "devbox-dependencies.pth").write_text(f"{packages}\n")
+    script = venv / "bin/devbox"
+    script.write_text(
+        f"#!{venv}/bin/python\nimport sys\nfrom devbox.cli import main\nsys.exit(main())\n"
+    )
+    script.chmod(0o755)
+    return [str(script)]
+
+
 @dataclass
 class Sandbox:
     root: Path
@@ -191,6 +211,33 @@ def uncompiled_source() -> Iterator[Path]:
         yield root
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+# How devbox is started in the CLI benchmarks, each its own figure:
+MODES = {
+    "bytecode": "this checkout's editable install, its bytecode written",
+    "no_bytecode": "an uncompiled copy, PYTHONDONTWRITEBYTECODE=1: compiled by every process",
+    "installed": "as `pip install .` leaves it (installed_devbox): no editable hook",
+}
+MODE_CHOICES = {
+    "all": ("no_bytecode", "bytecode", "installed"),
+    "both": ("no_bytecode", "bytecode"),
+    "bytecode": ("bytecode",),
+    "no-bytecode": ("no_bytecode",),
+    "installed": ("installed",),
+}
+
+
+def mode_setup(
+    mode: str, sb: Sandbox, source: Path, uncompiled: Path
+) -> tuple[bool, Path, list[str]]:
+    """For one of MODES: whether bytecode may be written, the tree on PYTHONPATH, and the
+    devbox command (the agent and its helpers run under that command's Python)."""
+    if mode == "no_bytecode":
+        return False, uncompiled, devbox_command()
+    if mode == "installed":
+        return True, source, installed_devbox(sb.root)
+    return True, source, devbox_command()
 
 
 def bytecode_env(env: dict[str, str], *, write: bool) -> dict[str, str]:

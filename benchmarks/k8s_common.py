@@ -31,6 +31,7 @@ from benchmarks.harness import (
     bytecode_env,
     devbox_command,
     free_port,
+    installed_devbox,
     interleaved,
     machine,
     met,
@@ -204,26 +205,6 @@ def bytecode_modes(
             made = dict(bytecode_env(base, write=False), PYTHONPYCACHEPREFIX=str(folder))
         modes[prefix + mode] = made
     return modes
-
-
-def installed_devbox(root: Path) -> list[str]:
-    """A `devbox` console script as `pip install .` writes one, in a venv of its own whose
-    only .pth puts this venv's site-packages (the dependencies) on the path: no editable
-    hook (setuptools' finder, 10-25 ms of every start here), devbox from PYTHONPATH."""
-    venv = root / "installed"
-    base = (
-        Path(sys.base_prefix) / "bin" / f"python{sys.version_info.major}.{sys.version_info.minor}"
-    )
-    subprocess.run([str(base), "-m", "venv", "--without-pip", str(venv)], check=True)
-    packages = next(p for p in map(Path, sys.path) if p.name == "site-packages")
-    lib = next((venv / "lib").glob("python3*")) / "site-packages"
-    (lib / "devbox-dependencies.pth").write_text(f"{packages}\n")
-    script = venv / "bin/devbox"
-    script.write_text(
-        f"#!{venv}/bin/python\nimport sys\nfrom devbox.cli import main\nsys.exit(main())\n"
-    )
-    script.chmod(0o755)
-    return [str(script)]
 
 
 def raw_claim_spec(sb: Sandbox, kubeconfig: Path, namespace: str, *, profile: str) -> Path:
