@@ -126,11 +126,21 @@ def statistics() -> dict[str, Any]:
     }
 
 
+class Synced(keras.callbacks.Callback):
+    """Waits for each step's loss, as fit's progress bar (verbose=1) does: the device then
+    never runs behind the loop. Without it, Keras on JAX may dispatch every step of a short
+    fit before the device has made the poisoned one (on a loaded machine it did), and with
+    no step left to observe the forced report has nowhere to come."""
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        float(keras.ops.convert_to_numpy((logs or {})["loss"]))
+
+
 def nan() -> dict[str, Any]:
     """A NaN in the fourth batch: the check raises the alert, a report says where."""
     model, watcher, agent = _watched(every=10)
     x, y = batches(9, nan_at=3)
-    _fit(model, x, y, [watcher])
+    _fit(model, x, y, [Synced(), watcher])  # the loss made before the probe looks
     _wait(lambda: len(agent.of(protocol.PROBE_STATS)) >= 3, "the alert and a report")
     watcher.close()
     return {"stats": agent.of(protocol.PROBE_STATS)}
