@@ -23,16 +23,21 @@ async def _until(check: Any, what: str, timeout: float = 10.0) -> None:
         await asyncio.sleep(0.01)
 
 
-async def _quiet_then_watched() -> tuple[int, int, list[protocol.Frame], float, list[bool]]:
-    sources = CountingSources()
-    # 20 Hz when not quiet; quiet ticks an hour apart: once slow, no tick comes by itself.
-    hub = Telemetry(
+def _quiet_hub(sources: CountingSources, *, quiet_interval: float) -> Telemetry:
+    """A hub at 20 Hz whose box is always quiet: its ticks come every `quiet_interval`."""
+    return Telemetry(
         box="b",
         open_sources=lambda: sources,
         base_rate=20.0,
         quiet=lambda: True,
-        quiet_interval=3600.0,
+        quiet_interval=quiet_interval,
     )
+
+
+async def _quiet_then_watched() -> tuple[int, int, list[protocol.Frame], float, list[bool]]:
+    sources = CountingSources()
+    # 20 Hz when not quiet; quiet ticks an hour apart: once slow, no tick comes by itself.
+    hub = _quiet_hub(sources, quiet_interval=3600.0)
     runner = asyncio.create_task(hub.run())
     await _until(lambda: hub.slow and sources.reads >= 1, "the sampler to slow down")
     slowed = sources.reads
@@ -64,13 +69,7 @@ def test_an_unwatched_quiet_box_is_sampled_slowly_until_someone_subscribes() -> 
 
 async def _hurried() -> tuple[int, int]:
     sources = CountingSources()
-    hub = Telemetry(
-        box="b",
-        open_sources=lambda: sources,
-        base_rate=20.0,
-        quiet=lambda: True,
-        quiet_interval=3600.0,
-    )
+    hub = _quiet_hub(sources, quiet_interval=3600.0)
     runner = asyncio.create_task(hub.run())
     await _until(lambda: hub.slow and sources.reads >= 1, "the sampler to slow down")
     before = sources.reads
@@ -87,13 +86,8 @@ def test_use_brings_a_tick_at_once() -> None:
 
 async def _brief_ticks() -> list[bool]:
     sources = CountingSources()
-    hub = Telemetry(
-        box="b",
-        open_sources=lambda: sources,
-        base_rate=20.0,
-        quiet=lambda: True,
-        quiet_interval=0.05,  # quiet ticks as often as full ones: only what they read differs
-    )
+    # Quiet ticks as often as full ones: only what they read differs.
+    hub = _quiet_hub(sources, quiet_interval=0.05)
     runner = asyncio.create_task(hub.run())
     await _until(lambda: sources.brief.count(True) >= 3, "three quiet ticks")
     pipe = Pipe(subscribe(20.0))
